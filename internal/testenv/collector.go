@@ -1,0 +1,146 @@
+package testenv
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+)
+
+// Collector is a raw push consumer that records every delivery on a topic,
+// keyed by rmqtx event id (or UNIQ_KEY for messages without one). It is the
+// independent "what did a consumer finally see" view in integration tests.
+type Collector struct {
+	mu     sync.Mutex
+	counts map[string]int
+	msgs   map[string]*primitive.MessageExt
+	total  int
+	cond   chan struct{}
+	pc     rocketmq.PushConsumer
+}
+
+// Collect starts a Collector on topic under a fresh group. It is shut down
+// when the test ends.
+func Collect(t testing.TB, topic string) *Collector {
+	t.Helper()
+	s := Integration(t)
+	c := &Collector{counts: map[string]int{}, msgs: map[string]*primitive.MessageExt{}, cond: make(chan struct{})}
+	group := Name(t, "collect")
+	pc, err := rocketmq.NewPushConsumer(
+		consumer.WithGroupName(group),
+		consumer.WithNsResolver(s.NameServerResolver()),
+		consumer.WithInstance(group),
+		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset),
+	)
+	if err != nil {
+		t.Fatalf("testenv: collector: %v", err)
+	}
+	err = pc.Subscribe(topic, consumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+		c.mu.Lock()
+		for _, m := range msgs {
+			id := m.GetProperty(envelope.PropEventID)
+			if id == "" {
+				id = m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex)
+			}
+			c.counts[id]++
+			if _, ok := c.msgs[id]; !ok {
+				c.msgs[id] = m
+			}
+			c.total++
+		}
+		close(c.cond)
+		c.cond = make(chan struct{})
+		c.mu.Unlock()
+		return consumer.ConsumeSuccess, nil
+	})
+	if err != nil {
+		t.Fatalf("testenv: collector subscribe: %v", err)
+	}
+	if err := pc.Start(); err != nil {
+		t.Fatalf("testenv: collector start: %v", err)
+	}
+	c.pc = pc
+	t.Cleanup(func() { _ = pc.Shutdown() })
+	return c
+}
+
+// Snapshot is a copy of what the collector has seen.
+type Snapshot struct {
+	Counts map[string]int // deliveries per event id
+	Total  int            // all deliveries, duplicates included
+}
+
+// Distinct is the number of distinct event ids seen.
+func (s Snapshot) Distinct() int { return len(s.Counts) }
+
+// Snapshot returns a copy of the current state.
+func (c *Collector) Snapshot() Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cp := make(map[string]int, len(c.counts))
+	for k, v := range c.counts {
+		cp[k] = v
+	}
+	return Snapshot{Counts: cp, Total: c.total}
+}
+
+// Message returns the first delivery of id, or nil.
+func (c *Collector) Message(id string) *primitive.MessageExt {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.msgs[id]
+}
+
+// WaitUntil blocks until cond holds for the collector's state or timeout
+// passes, re-evaluating on every delivery. It reports whether cond held.
+func (c *Collector) WaitUntil(timeout time.Duration, cond func(Snapshot) bool) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		ch := c.cond
+		c.mu.Unlock()
+		if cond(c.Snapshot()) {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return cond(c.Snapshot())
+		}
+	}
+}
+
+// WaitDistinct waits for at least n distinct ids and fails the test with
+// what was seen when they do not arrive within timeout.
+func (c *Collector) WaitDistinct(t testing.TB, n int, timeout time.Duration) Snapshot {
+	t.Helper()
+	if !c.WaitUntil(timeout, func(s Snapshot) bool { return s.Distinct() >= n }) {
+		s := c.Snapshot()
+		t.Fatalf("testenv: collector saw %d distinct ids (%d deliveries), want %d within %s", s.Distinct(), s.Total, n, timeout)
+	}
+	return c.Snapshot()
+}
+
+// Eventually polls cond every 50ms until it returns true or timeout passes.
+// It is for conditions that have no notification (rows in a table); it
+// never stands in for a fixed sleep.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,221 @@
+// Package testenv gives integration tests a real MariaDB and a real RocketMQ,
+// as started by scripts/services.sh. Each test gets a fresh database and
+// unique topic and group names. Missing services make a test FAIL with a
+// message that says how to start them; only `go test -short` skips.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/admin"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+)
+
+// HowToStart is printed when a service cannot be reached.
+const HowToStart = "start the local services with `make up` (or `scripts/services.sh up`); " +
+	"settings come from RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER, RMQTX_MYSQL_PASSWORD, RMQTX_NAMESRV and RMQTX_BROKER; " +
+	"use `go test -short` to run only the unit tests"
+
+// Settings are the connection settings, read from the environment with
+// defaults that match scripts/services.sh.
+type Settings struct {
+	MySQLAddr     string // RMQTX_MYSQL_ADDR, default 127.0.0.1:3307
+	MySQLUser     string // RMQTX_MYSQL_USER, default rmqtx
+	MySQLPassword string // RMQTX_MYSQL_PASSWORD, default rmqtx
+	NameServer    string // RMQTX_NAMESRV, default 127.0.0.1:9876
+	Broker        string // RMQTX_BROKER, default 127.0.0.1:10911
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Load reads the settings from the environment.
+func Load() Settings {
+	return Settings{
+		MySQLAddr:     env("RMQTX_MYSQL_ADDR", "127.0.0.1:3307"),
+		MySQLUser:     env("RMQTX_MYSQL_USER", "rmqtx"),
+		MySQLPassword: env("RMQTX_MYSQL_PASSWORD", "rmqtx"),
+		NameServer:    env("RMQTX_NAMESRV", "127.0.0.1:9876"),
+		Broker:        env("RMQTX_BROKER", "127.0.0.1:10911"),
+	}
+}
+
+// DSN returns a go-sql-driver DSN for database name (may be empty).
+func (s Settings) DSN(dbName string) string {
+	c := mysql.NewConfig()
+	c.User = s.MySQLUser
+	c.Passwd = s.MySQLPassword
+	c.Net = "tcp"
+	c.Addr = s.MySQLAddr
+	c.DBName = dbName
+	c.ParseTime = true
+	c.Loc = time.UTC
+	c.Params = map[string]string{"time_zone": "'+00:00'", "transaction_isolation": "'READ-COMMITTED'"}
+	c.Timeout = 5 * time.Second
+	c.ReadTimeout = 60 * time.Second
+	c.WriteTimeout = 60 * time.Second
+	return c.FormatDSN()
+}
+
+var (
+	probeOnce sync.Once
+	probeErr  error
+)
+
+func probe(s Settings) error {
+	for _, addr := range []string{s.MySQLAddr, s.NameServer, s.Broker} {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return fmt.Errorf("testenv: bad address %q: %w", addr, err)
+		}
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			return fmt.Errorf("testenv: %s is not a loopback address; rmqtx tests only talk to 127.0.0.1", addr)
+		}
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			return fmt.Errorf("testenv: cannot reach %s: %w", addr, err)
+		}
+		_ = c.Close()
+	}
+	db, err := sqlx.Open("mysql", s.DSN(""))
+	if err != nil {
+		return fmt.Errorf("testenv: open mysql: %w", err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("testenv: mysql at %s: %w", s.MySQLAddr, err)
+	}
+	return nil
+}
+
+// Integration marks t as an integration test: skipped under -short, and
+// failed (not skipped) when the services cannot be reached.
+func Integration(t testing.TB) Settings {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs MariaDB and RocketMQ; skipped in -short mode")
+	}
+	rmqlog.Install(nil)
+	s := Load()
+	probeOnce.Do(func() { probeErr = probe(s) })
+	if probeErr != nil {
+		t.Fatalf("%v\n%s", probeErr, HowToStart)
+	}
+	return s
+}
+
+// RandSuffix returns n random hex characters.
+func RandSuffix(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+var nonWord = regexp.MustCompile(`[^A-Za-z0-9]+`)
+
+// Name returns a unique name for a topic or group, readable in broker logs:
+// rmqtx_<kind>_<test>_<random>. RocketMQ allows [A-Za-z0-9_-] up to 127.
+func Name(t testing.TB, kind string) string {
+	base := nonWord.ReplaceAllString(t.Name(), "_")
+	if len(base) > 40 {
+		base = base[len(base)-40:]
+	}
+	return strings.Trim(fmt.Sprintf("rmqtx_%s_%s_%s", kind, base, RandSuffix(8)), "_")
+}
+
+// DB returns a connection pool to a fresh database that is dropped when the
+// test ends.
+func DB(t testing.TB) *sqlx.DB {
+	t.Helper()
+	s := Integration(t)
+	name := "rmqtx_t_" + RandSuffix(12)
+	root, err := sqlx.Open("mysql", s.DSN(""))
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := root.ExecContext(ctx, "CREATE DATABASE "+name+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
+		_ = root.Close()
+		t.Fatalf("testenv: create database: %v\n%s", err, HowToStart)
+	}
+	db, err := sqlx.Open("mysql", s.DSN(name))
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	t.Cleanup(func() {
+		_ = db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if os.Getenv("RMQTX_KEEP_DB") == "" {
+			_, _ = root.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
+		} else {
+			t.Logf("testenv: kept database %s", name)
+		}
+		_ = root.Close()
+	})
+	return db
+}
+
+// DBName returns the name of the database db is connected to.
+func DBName(t testing.TB, db *sqlx.DB) string {
+	t.Helper()
+	var name string
+	if err := db.Get(&name, "SELECT DATABASE()"); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return name
+}
+
+// NameServerResolver returns the explicit, loopback-only name server resolver.
+func (s Settings) NameServerResolver() primitive.NsResolver {
+	return primitive.NewPassthroughResolver([]string{s.NameServer})
+}
+
+// CreateTopic creates topic on the test broker with the given number of
+// queues (4 when queues <= 0), so consumers can subscribe before the first
+// send. Auto-create would also work, but it makes routing lazy.
+func CreateTopic(t testing.TB, topic string, queues int) {
+	t.Helper()
+	s := Integration(t)
+	if queues <= 0 {
+		queues = 4
+	}
+	a, err := admin.NewAdmin(admin.WithResolver(s.NameServerResolver()))
+	if err != nil {
+		t.Fatalf("testenv: admin: %v", err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := a.CreateTopic(ctx,
+		admin.WithTopicCreate(topic),
+		admin.WithBrokerAddrCreate(s.Broker),
+		admin.WithReadQueueNums(queues),
+		admin.WithWriteQueueNums(queues),
+	); err != nil {
+		t.Fatalf("testenv: create topic %s: %v", topic, err)
+	}
+}

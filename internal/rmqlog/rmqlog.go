@@ -38,8 +38,8 @@ func (a adapter) Error(msg string, f map[string]interface{}) { a.l.WithFields(f)
 
 // Fatal is logged as an error: library code never exits the process.
 func (a adapter) Fatal(msg string, f map[string]interface{}) { a.l.WithFields(f).Error(msg) }
-func (a adapter) Level(string)                              {}
-func (a adapter) OutputPath(string) error                   { return nil }
+func (a adapter) Level(string)                               {}
+func (a adapter) OutputPath(string) error                    { return nil }
 
 var once sync.Once
 

@@ -68,7 +68,7 @@ func (s Settings) DSN(dbName string) string {
 	c.DBName = dbName
 	c.ParseTime = true
 	c.Loc = time.UTC
-	c.Params = map[string]string{"time_zone": "'+00:00'", "transaction_isolation": "'READ-COMMITTED'"}
+	c.Params = map[string]string{"time_zone": "'+00:00'"}
 	c.Timeout = 5 * time.Second
 	c.ReadTimeout = 60 * time.Second
 	c.WriteTimeout = 60 * time.Second

@@ -1,0 +1,42 @@
+# rmqtx developer commands. `make help` lists them.
+SHELL := /bin/bash
+GO ?= go
+STATICCHECK_VERSION ?= v0.8.2
+PKGS ?= ./...
+
+.PHONY: help up down status logs demo test test-short test-race lint fuzz bench
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+up: ## install (if missing) and start MariaDB + RocketMQ on 127.0.0.1
+	@bash scripts/services.sh up
+
+down: ## stop the services this repo started
+	@bash scripts/services.sh down
+
+status: ## show which services run
+	@bash scripts/services.sh status
+
+logs: ## tail the services' logs
+	@bash scripts/services.sh logs
+
+demo: ## the main job: start the services and run the end-to-end demo
+	@bash scripts/demo.sh
+
+test: ## the whole suite on a fresh machine: installs, starts services, runs every test
+	@bash scripts/test.sh
+
+test-short: ## unit tests only, no services needed
+	$(GO) test -short -count=1 $(PKGS)
+
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet -tags failpoints $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags failpoints $(PKGS)
+
+fuzz: ## run every fuzz target briefly (FUZZTIME=10s)
+	@bash scripts/fuzz.sh
+
+bench: ## raw client vs rmqtx, side by side, with ratios
+	@bash scripts/bench.sh

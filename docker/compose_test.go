@@ -1,0 +1,101 @@
+// Package docker_test checks docker/compose.yaml without a Docker engine: it
+// parses, and its servers use the same ports, loopback binding, broker
+// settings and versions as scripts/services.sh, which CI actually runs.
+package docker_test
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+type service struct {
+	Image       string            `yaml:"image"`
+	NetworkMode string            `yaml:"network_mode"`
+	Command     []string          `yaml:"command"`
+	Environment map[string]string `yaml:"environment"`
+	Volumes     []string          `yaml:"volumes"`
+}
+
+type compose struct {
+	Services map[string]service `yaml:"services"`
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// props parses a Java properties file (key=value, # comments).
+func props(text string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if k, v, ok := strings.Cut(line, "="); ok {
+			m[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+// scriptDefault reads NAME=${RMQTX_X:-default} from scripts/services.sh.
+func scriptDefault(t *testing.T, script, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + name + `=\$\{[A-Z_]+:-([^}]*)\}`).FindStringSubmatch(script)
+	require.NotNil(t, m, "services.sh has no default for %s", name)
+	return m[1]
+}
+
+func TestComposeMatchesScripts(t *testing.T) {
+	var c compose
+	require.NoError(t, yaml.Unmarshal([]byte(read(t, "compose.yaml")), &c))
+	script := read(t, "../scripts/services.sh")
+	conf := props(read(t, "../scripts/rocketmq/broker.conf"))
+	pom := read(t, "../scripts/rocketmq/pom.xml")
+
+	for _, name := range []string{"namesrv", "broker", "mysql"} {
+		s, ok := c.Services[name]
+		require.True(t, ok, "service %s missing", name)
+		require.Equal(t, "host", s.NetworkMode, "%s must share the host's loopback", name)
+	}
+
+	// Same RocketMQ version as the jars the scripts run.
+	version := regexp.MustCompile(`<rocketmq.version>([^<]+)<`).FindStringSubmatch(pom)[1]
+	require.Equal(t, scriptDefault(t, script, "ROCKETMQ_VERSION"), version)
+	require.Equal(t, "apache/rocketmq:"+version, c.Services["namesrv"].Image)
+	require.Equal(t, "apache/rocketmq:"+version, c.Services["broker"].Image)
+
+	// The broker mounts the very broker.conf the scripts start from.
+	broker := c.Services["broker"]
+	require.Contains(t, broker.Volumes, "../scripts/rocketmq/broker.conf:/home/rocketmq/broker.conf:ro")
+	require.Equal(t, []string{"sh", "mqbroker", "-c", "/home/rocketmq/broker.conf"}, broker.Command)
+
+	// And that file carries the scripts' defaults and the loopback settings.
+	require.Equal(t, scriptDefault(t, script, "TX_TIMEOUT_MS"), conf["transactionTimeOut"])
+	require.Equal(t, scriptDefault(t, script, "TX_CHECK_INTERVAL_MS"), conf["transactionCheckInterval"])
+	require.Equal(t, scriptDefault(t, script, "TX_CHECK_MAX"), conf["transactionCheckMax"])
+	require.Equal(t, scriptDefault(t, script, "BROKER_PORT"), conf["listenPort"])
+	require.Equal(t, "127.0.0.1:"+scriptDefault(t, script, "NAMESRV_PORT"), conf["namesrvAddr"])
+	require.Equal(t, "127.0.0.1", conf["brokerIP1"])
+	require.Equal(t, "127.0.0.1", conf["bindAddress"])
+	require.Equal(t, "true", conf["autoCreateTopicEnable"])
+
+	ns := strings.Join(c.Services["namesrv"].Command, " ")
+	require.Contains(t, ns, "listenPort="+scriptDefault(t, script, "NAMESRV_PORT"))
+	require.Contains(t, ns, "bindAddress=127.0.0.1")
+
+	my := c.Services["mysql"]
+	require.Contains(t, my.Command, "--bind-address=127.0.0.1")
+	require.Contains(t, my.Command, "--port="+scriptDefault(t, script, "MYSQL_PORT"))
+	require.Equal(t, scriptDefault(t, script, "MYSQL_USER"), my.Environment["MYSQL_USER"])
+	require.Equal(t, scriptDefault(t, script, "MYSQL_PASSWORD"), my.Environment["MYSQL_PASSWORD"])
+}

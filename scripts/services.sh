@@ -2,6 +2,7 @@
 # Local test bed for rmqtx: a real MariaDB and a real Apache RocketMQ (namesrv +
 # broker), on loopback only, installed and started without Docker.
 #
+#   scripts/services.sh install                       install MariaDB and fetch the RocketMQ jars only
 #   scripts/services.sh up [mariadb|namesrv|broker]   install if missing, start, wait until usable
 #   scripts/services.sh down [mariadb|namesrv|broker] stop what this script started (recorded PIDs)
 #   scripts/services.sh kill9 broker|namesrv|mariadb  SIGKILL one service (fault tests)
@@ -294,6 +295,7 @@ EOF
 }
 
 case ${1:-} in
+  install) ensure_mariadb_installed; ensure_jars ;;
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
   kill9) shift; cmd_kill9 "$@" ;;
@@ -301,5 +303,5 @@ case ${1:-} in
   logs) shift; cmd_logs "$@" ;;
   admin) shift; mqadmin "$@" ;;
   env) cmd_env ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

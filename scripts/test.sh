@@ -1,18 +1,54 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs and starts MariaDB and
-# RocketMQ if needed (scripts/services.sh up), then runs every test with the
-# race detector and the crash-test failpoints compiled in, then every fuzz
-# target briefly. Leaves the services running; `make down` stops them.
+# The whole test suite, on a fresh machine: installs MariaDB and the RocketMQ
+# jars if needed, starts the services, runs every test with the race detector
+# and the crash-test failpoints compiled in, then every fuzz target briefly.
+#
+# Network isolation (RMQTX_NETNS): by default, when this runs as root and
+# `unshare` is available, the services and the tests run inside a private
+# network namespace whose only interface is loopback, so nothing can listen
+# on or reach anything but 127.0.0.1. The services are stopped when the
+# namespace ends. RMQTX_NETNS=0 runs on the host's loopback instead and
+# leaves the services running (stop them with `make down`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/services.sh up
-eval "$(bash scripts/services.sh env)"
-
-echo "== go test -race -tags failpoints ./..."
-go test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./...
-
-if [[ -x scripts/fuzz.sh ]]; then
-  echo "== fuzz targets (${FUZZTIME:-10s} each)"
-  bash scripts/fuzz.sh
+netns=${RMQTX_NETNS:-auto}
+if [[ $netns == auto ]]; then
+  netns=0
+  if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null && command -v ip >/dev/null \
+     && unshare --net true 2>/dev/null; then
+    netns=1
+  fi
 fi
+
+inner() {
+  bash scripts/services.sh up
+  eval "$(bash scripts/services.sh env)"
+  echo "== go test -race -tags failpoints ./..."
+  local rc=0
+  go test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... || rc=$?
+  if [[ $rc == 0 ]]; then
+    echo "== fuzz targets (${FUZZTIME:-10s} each)"
+    bash scripts/fuzz.sh || rc=$?
+  fi
+  return $rc
+}
+
+if [[ ${1:-} == --inner ]]; then
+  ip link set lo up
+  export RMQTX_RUN_DIR=${RMQTX_RUN_DIR:-$PWD/.run/netns}
+  trap 'bash scripts/services.sh down >/dev/null 2>&1 || true' EXIT
+  inner
+  exit
+fi
+
+# Everything that needs the package registries happens before isolation.
+bash scripts/services.sh install
+go mod download
+go build -tags failpoints ./... >/dev/null
+
+if [[ $netns == 1 ]]; then
+  echo "== running services and tests in a private loopback-only network namespace (RMQTX_NETNS=0 to disable)"
+  exec unshare --net bash "$0" --inner
+fi
+inner

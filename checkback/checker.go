@@ -1,0 +1,353 @@
+package checkback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// PropProbe marks the warm-up half messages a producer sends on Start. They
+// never carry an event id and are always rolled back.
+const PropProbe = "RMQTX_PROBE"
+
+// Defaults.
+const (
+	DefaultFenceAge     = 60 * time.Second
+	DefaultQueryTimeout = 3 * time.Second
+)
+
+// Decision is a check answer.
+type Decision int
+
+// Decisions. Unknown asks the broker to check again later.
+const (
+	Unknown Decision = iota
+	Commit
+	Rollback
+)
+
+func (d Decision) String() string {
+	switch d {
+	case Commit:
+		return "commit"
+	case Rollback:
+		return "rollback"
+	default:
+		return "unknown"
+	}
+}
+
+// LocalTransactionState converts d for rocketmq-client-go.
+func (d Decision) LocalTransactionState() primitive.LocalTransactionState {
+	switch d {
+	case Commit:
+		return primitive.CommitMessageState
+	case Rollback:
+		return primitive.RollbackMessageState
+	default:
+		return primitive.UnkonwnState
+	}
+}
+
+// FromState maps a txlog state to a decision.
+func FromState(s txlog.State) Decision {
+	switch s {
+	case txlog.StateCommitted:
+		return Commit
+	case txlog.StateRolledBack:
+		return Rollback
+	default:
+		return Unknown
+	}
+}
+
+// Reason says why a check was answered the way it was.
+type Reason string
+
+// Reasons.
+const (
+	ReasonFound        Reason = "found"         // a txlog row existed
+	ReasonHashMismatch Reason = "hash-mismatch" // a COMMITTED row with another payload: not this half
+	ReasonResolver     Reason = "resolver"      // the Resolver decided (and it was persisted)
+	ReasonYoung        Reason = "young"         // no row, younger than the fence age
+	ReasonFenced       Reason = "fenced"        // no row, fenced (or the local tx finished while we waited)
+	ReasonProbe        Reason = "probe"         // a warm-up probe
+	ReasonNoEventID    Reason = "no-event-id"   // not an rmqtx message
+	ReasonError        Reason = "error"         // a query failed or timed out
+	ReasonPanic        Reason = "panic"         // a resolver or store panicked
+)
+
+// Query describes the transaction being checked.
+type Query struct {
+	EventID     string
+	Group       string
+	Topic       string
+	Tags        string
+	Keys        string
+	EventType   string
+	BusinessKey string
+	PayloadHash string    // RMQTX_PAYLOAD_SHA256 of the half message
+	BornAt      time.Time // producer clock when the half was sent
+	Properties  map[string]string
+}
+
+// QueryFromMessage builds a Query from a check request's message.
+func QueryFromMessage(m *primitive.MessageExt) Query {
+	topic := m.Topic
+	if rt := m.GetProperty(primitive.PropertyRealTopic); rt != "" {
+		topic = rt
+	}
+	var born time.Time
+	if m.BornTimestamp > 0 {
+		born = time.UnixMilli(m.BornTimestamp)
+	}
+	return Query{
+		EventID:     m.GetProperty(envelope.PropEventID),
+		Group:       m.GetProperty(primitive.PropertyProducerGroup),
+		Topic:       topic,
+		Tags:        m.GetTags(),
+		Keys:        m.GetKeys(),
+		EventType:   m.GetProperty(envelope.PropEventType),
+		BusinessKey: m.GetProperty(envelope.PropBusinessKey),
+		PayloadHash: m.GetProperty(envelope.PropPayloadHash),
+		BornAt:      born,
+		Properties:  m.GetProperties(),
+	}
+}
+
+// Answer is the outcome of one check.
+type Answer struct {
+	EventID  string
+	Decision Decision
+	Reason   Reason
+	Age      time.Duration // age of the half message (negative: producer clock ahead)
+	Duration time.Duration // time taken to answer
+	Err      error         // set with ReasonError and ReasonPanic
+}
+
+// Resolver decides a transaction that has no txlog row, from business
+// data. Return Unknown to fall back to the fence-age rule. A Commit or
+// Rollback is persisted in the txlog (ResolvedBy RESOLVER) before it is
+// answered, and what the row then says is the answer.
+type Resolver interface {
+	Resolve(ctx context.Context, q Query) (Decision, error)
+}
+
+// ResolverFunc adapts a function to Resolver.
+type ResolverFunc func(ctx context.Context, q Query) (Decision, error)
+
+// Resolve calls f.
+func (f ResolverFunc) Resolve(ctx context.Context, q Query) (Decision, error) { return f(ctx, q) }
+
+// Log is the part of *txlog.Store the checker uses.
+type Log interface {
+	Get(ctx context.Context, id string) (txlog.Row, error)
+	Record(ctx context.Context, r txlog.Row) (txlog.Row, bool, error)
+	Fence(ctx context.Context, r txlog.Row) (txlog.Row, bool, error)
+}
+
+// Config configures a Checker.
+type Config struct {
+	// Log is the transaction log (a *txlog.Store). Required.
+	Log Log
+	// Group is the producer group, for fence rows and metric labels. Required.
+	Group string
+	// FenceAge is how old a half message with no txlog row must be before a
+	// check fences it. Default DefaultFenceAge (60 s). See the package doc
+	// for how it must relate to the broker's settings.
+	FenceAge time.Duration
+	// QueryTimeout bounds each check (all its queries together). Default
+	// DefaultQueryTimeout (3 s). Checks are answered one at a time.
+	QueryTimeout time.Duration
+	// Resolver is asked when no row exists. Default none.
+	Resolver Resolver
+	// Metrics records answers, fences and durations. Default nil (none).
+	Metrics *metrics.Metrics
+	// Logger receives one line per fence, error and non-trivial answer.
+	// Default quiet.
+	Logger logrus.FieldLogger
+	// OnAnswer, when set, is called after every answer, on the check
+	// goroutine; it must be fast. Default none.
+	OnAnswer func(Answer)
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns a copy of c with defaults filled in.
+func (c Config) WithDefaults() Config {
+	if c.FenceAge <= 0 {
+		c.FenceAge = DefaultFenceAge
+	}
+	if c.QueryTimeout <= 0 {
+		c.QueryTimeout = DefaultQueryTimeout
+	}
+	c.Logger = rmqlog.OrQuiet(c.Logger)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// ErrConfig is wrapped by configuration errors.
+var ErrConfig = errors.New("checkback: invalid config")
+
+func (c Config) validate() error {
+	if c.Log == nil {
+		return fmt.Errorf("%w: Log is required", ErrConfig)
+	}
+	if c.Group == "" {
+		return fmt.Errorf("%w: Group is required", ErrConfig)
+	}
+	return nil
+}
+
+// Checker answers transaction checks for one producer group.
+type Checker struct{ cfg Config }
+
+// New returns a Checker.
+func New(cfg Config) (*Checker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Checker{cfg: cfg}, nil
+}
+
+// FenceAge returns the configured fence age.
+func (c *Checker) FenceAge() time.Duration { return c.cfg.FenceAge }
+
+// Check answers a check request for m. It never panics and returns within
+// about QueryTimeout.
+func (c *Checker) Check(ctx context.Context, m *primitive.MessageExt) Answer {
+	if m == nil {
+		return c.CheckQuery(ctx, Query{})
+	}
+	if m.GetProperty(PropProbe) != "" {
+		a := Answer{Decision: Rollback, Reason: ReasonProbe}
+		c.finish(&a, c.cfg.Now())
+		return a
+	}
+	return c.CheckQuery(ctx, QueryFromMessage(m))
+}
+
+// CheckQuery answers a check described by q.
+func (c *Checker) CheckQuery(ctx context.Context, q Query) (a Answer) {
+	start := c.cfg.Now()
+	a = Answer{EventID: q.EventID}
+	defer func() {
+		if p := recover(); p != nil {
+			a.Decision, a.Reason = Unknown, ReasonPanic
+			a.Err = fmt.Errorf("checkback: panic while checking %s: %v", q.EventID, p)
+			c.cfg.Logger.WithField("event_id", q.EventID).WithField("stack", string(debug.Stack())).Error(a.Err.Error())
+		}
+		c.finish(&a, start)
+	}()
+	if q.EventID == "" {
+		a.Reason = ReasonNoEventID
+		return a
+	}
+	if !q.BornAt.IsZero() {
+		a.Age = start.Sub(q.BornAt)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+	defer cancel()
+
+	row, err := c.cfg.Log.Get(ctx, q.EventID)
+	switch {
+	case err == nil:
+		return c.fromRow(a, row, q, ReasonFound)
+	case !errors.Is(err, txlog.ErrNotFound):
+		return c.failed(a, err)
+	}
+
+	if c.cfg.Resolver != nil {
+		d, err := c.cfg.Resolver.Resolve(ctx, q)
+		if err != nil {
+			return c.failed(a, fmt.Errorf("checkback: resolver: %w", err))
+		}
+		if d == Commit || d == Rollback {
+			r := c.rowFor(q, txlog.ByResolver)
+			r.State = txlog.StateRolledBack
+			if d == Commit {
+				r.State = txlog.StateCommitted
+			}
+			row, _, err := c.cfg.Log.Record(ctx, r)
+			if err != nil {
+				return c.failed(a, err)
+			}
+			return c.fromRow(a, row, q, ReasonResolver)
+		}
+	}
+
+	// Clock skew: a negative age (producer clock ahead of ours) counts as
+	// young; the transaction is fenced once our clock passes born+FenceAge,
+	// or recovery handles it if the broker discards it first.
+	if q.BornAt.IsZero() || a.Age < c.cfg.FenceAge {
+		// Without a born time the age is unknown: never guess, never fence.
+		a.Reason = ReasonYoung
+		return a
+	}
+	row, fenced, err := c.cfg.Log.Fence(ctx, c.rowFor(q, txlog.ByFence))
+	if err != nil {
+		return c.failed(a, err)
+	}
+	if fenced {
+		metrics.Inc(c.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.CheckbackFences }, c.cfg.Group)
+		c.cfg.Logger.WithFields(logrus.Fields{"event_id": q.EventID, "topic": q.Topic, "age": a.Age.String()}).
+			Warn("checkback: fenced a transaction with no txlog row past the fence age")
+	}
+	return c.fromRow(a, row, q, ReasonFenced)
+}
+
+func (c *Checker) rowFor(q Query, by txlog.ResolvedBy) txlog.Row {
+	return txlog.Row{
+		EventID: q.EventID, ProducerGroup: c.cfg.Group, Topic: q.Topic, Tags: q.Tags, Keys: q.Keys,
+		EventType: q.EventType, BusinessKey: q.BusinessKey, PayloadHash: q.PayloadHash, ResolvedBy: by,
+	}
+}
+
+func (c *Checker) fromRow(a Answer, row txlog.Row, q Query, reason Reason) Answer {
+	a.Decision, a.Reason = FromState(row.State), reason
+	if a.Decision == Commit && q.PayloadHash != "" && row.PayloadHash != "" && q.PayloadHash != row.PayloadHash {
+		// Same event id, different payload: this half is not the one that
+		// committed (a reused id whose local tx failed on the duplicate key).
+		a.Decision, a.Reason = Rollback, ReasonHashMismatch
+		c.cfg.Logger.WithField("event_id", q.EventID).Warn("checkback: half message payload differs from the committed row; rolling it back")
+	}
+	return a
+}
+
+func (c *Checker) failed(a Answer, err error) Answer {
+	a.Decision, a.Reason, a.Err = Unknown, ReasonError, err
+	c.cfg.Logger.WithField("event_id", a.EventID).WithError(err).Warn("checkback: check answered UNKNOWN after an error")
+	return a
+}
+
+func (c *Checker) finish(a *Answer, start time.Time) {
+	a.Duration = c.cfg.Now().Sub(start)
+	if m := c.cfg.Metrics; m != nil {
+		m.CheckbackAnswers.WithLabelValues(c.cfg.Group, a.Decision.String()).Inc()
+		m.CheckbackDuration.Observe(a.Duration.Seconds())
+	}
+	if c.cfg.OnAnswer != nil {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					c.cfg.Logger.Errorf("checkback: OnAnswer panicked: %v", p)
+				}
+			}()
+			c.cfg.OnAnswer(*a)
+		}()
+	}
+}

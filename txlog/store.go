@@ -1,0 +1,358 @@
+package txlog
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/sqlname"
+)
+
+// Store reads and writes the transaction log table. It is safe for
+// concurrent use. Every method takes a context; callers on the check-back
+// path must give it a deadline.
+type Store struct {
+	db          *sqlx.DB
+	table       string
+	schemaTable string
+	q           queries
+	now         func() time.Time
+}
+
+type queries struct {
+	insert, insertIgnore, get, markRecovered, deleteBatch string
+}
+
+const columns = "event_id, producer_group, topic, tags, msg_keys, event_type, state, payload, payload_hash, " +
+	"properties, business_key, created_at, resolved_at, resolved_by, recovered_at, recovery_decision, recovery_note"
+
+// New returns a Store for the table prefix+"txlog" in db. Pass DefaultPrefix
+// for the standard name; the prefix is validated (letters, digits and
+// underscores, starting with a letter; empty means no prefix).
+func New(db *sqlx.DB, prefix string) (*Store, error) {
+	if db == nil {
+		return nil, invalid("nil database")
+	}
+	table, err := sqlname.Table(prefix, "txlog")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	s := &Store{db: db, table: table, schemaTable: table + "_schema", now: func() time.Time { return time.Now().UTC() }}
+	values := "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+	s.q = queries{
+		insert:        "INSERT INTO " + table + " (" + columns + ") VALUES (" + values + ")",
+		insertIgnore:  "INSERT IGNORE INTO " + table + " (" + columns + ") VALUES (" + values + ")",
+		get:           "SELECT " + columns + " FROM " + table + " WHERE event_id = ?",
+		markRecovered: "UPDATE " + table + " SET recovered_at = ?, recovery_decision = ?, recovery_note = ? WHERE event_id = ?",
+		deleteBatch:   "DELETE FROM " + table + " WHERE state = ? AND resolved_at < ? ORDER BY resolved_at LIMIT ?",
+	}
+	return s, nil
+}
+
+// Table returns the table name, prefix included.
+func (s *Store) Table() string { return s.table }
+
+// DB returns the database the store writes to.
+func (s *Store) DB() *sqlx.DB { return s.db }
+
+type dbRow struct {
+	EventID          string         `db:"event_id"`
+	ProducerGroup    string         `db:"producer_group"`
+	Topic            string         `db:"topic"`
+	Tags             string         `db:"tags"`
+	Keys             string         `db:"msg_keys"`
+	EventType        string         `db:"event_type"`
+	State            string         `db:"state"`
+	Payload          []byte         `db:"payload"`
+	PayloadHash      string         `db:"payload_hash"`
+	Properties       sql.NullString `db:"properties"`
+	BusinessKey      string         `db:"business_key"`
+	CreatedAt        time.Time      `db:"created_at"`
+	ResolvedAt       time.Time      `db:"resolved_at"`
+	ResolvedBy       string         `db:"resolved_by"`
+	RecoveredAt      sql.NullTime   `db:"recovered_at"`
+	RecoveryDecision sql.NullString `db:"recovery_decision"`
+	RecoveryNote     sql.NullString `db:"recovery_note"`
+}
+
+func (r dbRow) row() Row {
+	return Row{
+		EventID: r.EventID, ProducerGroup: r.ProducerGroup, Topic: r.Topic, Tags: r.Tags, Keys: r.Keys,
+		EventType: r.EventType, State: State(r.State), Payload: r.Payload, PayloadHash: r.PayloadHash,
+		Properties: r.Properties.String, BusinessKey: r.BusinessKey,
+		CreatedAt: r.CreatedAt.UTC(), ResolvedAt: r.ResolvedAt.UTC(), ResolvedBy: ResolvedBy(r.ResolvedBy),
+		RecoveredAt: nullTime(r.RecoveredAt), RecoveryDecision: RecoveryDecision(r.RecoveryDecision.String),
+		RecoveryNote: r.RecoveryNote.String,
+	}
+}
+
+func nullTime(t sql.NullTime) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time.UTC()
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func (s *Store) args(r *Row) ([]any, error) {
+	if r.EventID == "" || len(r.EventID) > 64 {
+		return nil, invalid("event id must be 1 to 64 bytes, got %d", len(r.EventID))
+	}
+	if !r.State.Valid() {
+		return nil, invalid("state %q", r.State)
+	}
+	if r.ResolvedBy == "" {
+		return nil, invalid("resolved_by is required")
+	}
+	now := s.now()
+	if r.CreatedAt.IsZero() {
+		r.CreatedAt = now
+	}
+	if r.ResolvedAt.IsZero() {
+		r.ResolvedAt = now
+	}
+	var recoveredAt any
+	if !r.RecoveredAt.IsZero() {
+		recoveredAt = r.RecoveredAt.UTC()
+	}
+	return []any{
+		r.EventID, r.ProducerGroup, r.Topic, r.Tags, r.Keys, r.EventType, string(r.State), r.Payload, r.PayloadHash,
+		nullable(r.Properties), r.BusinessKey, r.CreatedAt.UTC(), r.ResolvedAt.UTC(), string(r.ResolvedBy),
+		recoveredAt, nullable(string(r.RecoveryDecision)), nullable(r.RecoveryNote),
+	}, nil
+}
+
+// IsDuplicateKey reports whether err is MySQL/MariaDB error 1062.
+func IsDuplicateKey(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1062
+}
+
+// Insert writes r inside the caller's transaction. The producer calls it as
+// the FIRST statement of the local transaction, so the row (and its
+// primary-key lock) exists for the whole transaction and becomes visible
+// exactly at commit. A row that already exists gives an error wrapping
+// ErrDuplicate; the transaction is still usable but should be rolled back.
+func (s *Store) Insert(ctx context.Context, tx sqlx.ExecerContext, r Row) error {
+	a, err := s.args(&r)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q.insert, a...); err != nil {
+		if IsDuplicateKey(err) {
+			return fmt.Errorf("%w: %s: %w", ErrDuplicate, r.EventID, err)
+		}
+		return fmt.Errorf("txlog: insert %s: %w", r.EventID, err)
+	}
+	return nil
+}
+
+// Get returns the row for id, or an error wrapping ErrNotFound. It reads
+// committed data only (a plain autocommit SELECT), so an in-flight local
+// transaction's row is not seen.
+func (s *Store) Get(ctx context.Context, id string) (Row, error) {
+	var r dbRow
+	if err := s.db.GetContext(ctx, &r, s.q.get, id); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return Row{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		return Row{}, fmt.Errorf("txlog: get %s: %w", id, err)
+	}
+	return r.row(), nil
+}
+
+// Record writes r unless a row with its event id exists (INSERT IGNORE, in
+// its own autocommit statement), then reads the row back and returns it:
+// the returned row, not r, is the decision. inserted reports whether r was
+// written. If a local transaction that inserted the same id is still
+// running, the INSERT waits on its row lock, so the answer is the local
+// outcome: COMMITTED if it commits, r if it rolls back.
+func (s *Store) Record(ctx context.Context, r Row) (row Row, inserted bool, err error) {
+	a, err := s.args(&r)
+	if err != nil {
+		return Row{}, false, err
+	}
+	res, err := s.db.ExecContext(ctx, s.q.insertIgnore, a...)
+	if err != nil {
+		return Row{}, false, fmt.Errorf("txlog: record %s: %w", r.EventID, err)
+	}
+	n, _ := res.RowsAffected()
+	row, err = s.Get(ctx, r.EventID)
+	if err != nil {
+		return Row{}, false, err
+	}
+	return row, n == 1, nil
+}
+
+// Fence makes sure a decision exists for r.EventID: it records r as
+// ROLLED_BACK (ResolvedBy defaults to ByFence) unless a row exists, and
+// returns the row as it stands afterwards. See Record for how it waits on a
+// local transaction still in flight.
+func (s *Store) Fence(ctx context.Context, r Row) (row Row, fenced bool, err error) {
+	r.State = StateRolledBack
+	r.Payload = nil
+	if r.ResolvedBy == "" {
+		r.ResolvedBy = ByFence
+	}
+	return s.Record(ctx, r)
+}
+
+// MarkRecovered records what discard recovery decided for id.
+func (s *Store) MarkRecovered(ctx context.Context, id string, d RecoveryDecision, note string) error {
+	if len(note) > 255 {
+		note = note[:255]
+	}
+	res, err := s.db.ExecContext(ctx, s.q.markRecovered, s.now(), string(d), nullable(note), id)
+	if err != nil {
+		return fmt.Errorf("txlog: mark recovered %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		// MySQL reports 0 for an unchanged row too; tell them apart.
+		if _, err := s.Get(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Filter selects rows for List and Count. Zero fields do not filter.
+type Filter struct {
+	Group            string           // producer group
+	State            State            // COMMITTED or ROLLED_BACK
+	ResolvedBy       ResolvedBy       // what decided the row
+	RecoveryDecision RecoveryDecision // only rows recovery handled this way
+	Recovered        *bool            // true: recovered rows only; false: never recovered
+	CreatedBefore    time.Time        // "old" rows
+	CreatedAfter     time.Time
+	// After continues a listing after this row (keyset pagination on
+	// created_at, event_id): pass the last row of the previous page.
+	After *Row
+	// Limit caps a List page: default 100, at most 1000.
+	Limit int
+	// WithPayload includes the payload in listed rows (off by default so
+	// listings stay small and nothing sensitive is read needlessly).
+	WithPayload bool
+}
+
+func (f Filter) where() (string, []any) {
+	var conds []string
+	var args []any
+	add := func(c string, a ...any) { conds = append(conds, c); args = append(args, a...) }
+	if f.Group != "" {
+		add("producer_group = ?", f.Group)
+	}
+	if f.State != "" {
+		add("state = ?", string(f.State))
+	}
+	if f.ResolvedBy != "" {
+		add("resolved_by = ?", string(f.ResolvedBy))
+	}
+	if f.RecoveryDecision != "" {
+		add("recovery_decision = ?", string(f.RecoveryDecision))
+	}
+	if f.Recovered != nil {
+		if *f.Recovered {
+			add("recovered_at IS NOT NULL")
+		} else {
+			add("recovered_at IS NULL")
+		}
+	}
+	if !f.CreatedBefore.IsZero() {
+		add("created_at < ?", f.CreatedBefore.UTC())
+	}
+	if !f.CreatedAfter.IsZero() {
+		add("created_at > ?", f.CreatedAfter.UTC())
+	}
+	if f.After != nil {
+		add("(created_at > ? OR (created_at = ? AND event_id > ?))", f.After.CreatedAt.UTC(), f.After.CreatedAt.UTC(), f.After.EventID)
+	}
+	if len(conds) == 0 {
+		return "", nil
+	}
+	return " WHERE " + strings.Join(conds, " AND "), args
+}
+
+// List returns rows matching f, oldest first (created_at, event_id). In
+// this log every row is decided; "stuck" transactions are the ones with no
+// row, visible on the broker side. Useful listings are old rows
+// (CreatedBefore), fenced rows (ResolvedBy: ByFence) and recovery outcomes.
+func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	if limit > 1000 {
+		limit = 1000
+	}
+	cols := columns
+	if !f.WithPayload {
+		cols = strings.Replace(columns, "payload,", "NULL AS payload,", 1)
+	}
+	where, args := f.where()
+	q := "SELECT " + cols + " FROM " + s.table + where + " ORDER BY created_at, event_id LIMIT ?"
+	var rs []dbRow
+	if err := s.db.SelectContext(ctx, &rs, q, append(args, limit)...); err != nil {
+		return nil, fmt.Errorf("txlog: list: %w", err)
+	}
+	out := make([]Row, len(rs))
+	for i, r := range rs {
+		out[i] = r.row()
+	}
+	return out, nil
+}
+
+// Count returns the number of rows matching f (After and Limit ignored).
+func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
+	f.After = nil
+	where, args := f.where()
+	var n int
+	if err := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+s.table+where, args...); err != nil {
+		return 0, fmt.Errorf("txlog: count: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteTerminalBefore deletes rows resolved before cutoff, in batches of
+// batch rows (default 500), each batch its own short statement, so a large
+// cleanup never holds long locks. cutoff must be at least MinRetention in
+// the past (ErrRetentionTooShort). Every row in this log is terminal; the
+// state predicate keeps it that way should a non-terminal state appear. It
+// returns the number of rows deleted, which may be partial on error.
+func (s *Store) DeleteTerminalBefore(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
+	if cutoff.After(s.now().Add(-MinRetention)) {
+		return 0, fmt.Errorf("%w: cutoff %s is less than %s ago", ErrRetentionTooShort, cutoff.UTC().Format(time.RFC3339), MinRetention)
+	}
+	if batch <= 0 {
+		batch = 500
+	}
+	var total int64
+	for _, st := range []State{StateCommitted, StateRolledBack} {
+		for {
+			if err := ctx.Err(); err != nil {
+				return total, fmt.Errorf("txlog: delete: %w", err)
+			}
+			res, err := s.db.ExecContext(ctx, s.q.deleteBatch, string(st), cutoff.UTC(), batch)
+			if err != nil {
+				return total, fmt.Errorf("txlog: delete: %w", err)
+			}
+			n, _ := res.RowsAffected()
+			total += n
+			if n < int64(batch) {
+				break
+			}
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,178 @@
+package txproducer
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// Defaults.
+const (
+	DefaultSendTimeout    = 3 * time.Second
+	DefaultSendRetries    = 2
+	DefaultLocalTxTimeout = 30 * time.Second
+	DefaultCheckTimeout   = checkback.DefaultQueryTimeout
+	DefaultFenceAge       = checkback.DefaultFenceAge
+	// DefaultMaxPayloadBytes leaves 64 KiB of the broker's default 4 MiB
+	// maxMessageSize for properties.
+	DefaultMaxPayloadBytes = 4<<20 - 64<<10
+)
+
+// Config configures a Producer.
+type Config struct {
+	// NameServer lists name server addresses (host:port). Required; the
+	// client's default resolver (an HTTP lookup) is never used.
+	NameServer []string
+	// Group is the transactional producer group. Required. Use it for this
+	// producer only: the broker sends checks to any live member of the
+	// group, and a normal producer sharing it collides (client #998).
+	Group string
+	// InstanceName is the client instance name. Default Group+"-"+a random
+	// suffix, new for every Producer: the client shares one connection per
+	// instance name in a process, and a shared one can drop checks.
+	InstanceName string
+	// DB is the database of the local transactions and the txlog. Required.
+	// Its pool must allow at least 2 connections (a check runs while a
+	// local transaction holds one).
+	DB *sqlx.DB
+	// Log is the transaction log. Default: txlog.New(DB, TablePrefix).
+	Log *txlog.Store
+	// TablePrefix for the default Log. Default txlog.DefaultPrefix.
+	TablePrefix string
+	// SendTimeout bounds sending the half message (per attempt). Default 3 s.
+	SendTimeout time.Duration
+	// SendRetries is how often the client retries a failed half send.
+	// Default 2. Set -1 for none.
+	SendRetries int
+	// LocalTxTimeout bounds the local transaction (BEGIN to COMMIT). Default
+	// 30 s. Keep it below FenceAge so checks rarely wait on a running one.
+	LocalTxTimeout time.Duration
+	// CheckTimeout bounds one check answer and the producer's own short
+	// txlog statements. Default 3 s.
+	CheckTimeout time.Duration
+	// FenceAge: a check that finds no txlog row for a half message older
+	// than this fences it (see package checkback). Default 60 s.
+	FenceAge time.Duration
+	// MaxPayloadBytes rejects larger payloads before sending. Default
+	// DefaultMaxPayloadBytes (4 MiB - 64 KiB).
+	MaxPayloadBytes int
+	// DisablePayloadStorage keeps payloads out of the txlog (only the hash
+	// is stored). Default false: payloads are stored so a committed event
+	// can be published again by tooling.
+	DisablePayloadStorage bool
+	// Resolver is asked by checks when no txlog row exists. Default none.
+	Resolver checkback.Resolver
+	// WarmupTopics are probed on Start with a half message that is rolled
+	// back, so that the broker knows this instance before its first Send
+	// and sends it checks (a restarted instance otherwise receives none
+	// until it sends). List at least one topic per broker. Default none.
+	WarmupTopics []string
+	// DisableRecovery does not start discard recovery (checkback.Recovery)
+	// with the producer. Default false.
+	DisableRecovery bool
+	// RecoveryStartRetry: see checkback.RecoveryConfig.StartRetry. Default 30 s.
+	RecoveryStartRetry time.Duration
+	// Metrics records sends, check answers, fences and recoveries. Default nil.
+	Metrics *metrics.Metrics
+	// Logger for the producer, its checks and rocketmq-client-go's global
+	// logger (installed once per process). Default quiet.
+	Logger logrus.FieldLogger
+	// OnCheck, when set, is called after every check answer. Default none.
+	OnCheck func(checkback.Answer)
+	// OnRecovery, when set, is called after every recovery decision. Default none.
+	OnRecovery func(checkback.RecoveryResult)
+	// Test holds hooks for tests; leave it zero.
+	Test TestHooks
+}
+
+// TestHooks are seams for tests. They are never set in production.
+type TestHooks struct {
+	// BeforeLocalTx runs in the local-transaction callback, after the half
+	// message was stored and before BEGIN.
+	BeforeLocalTx func(ctx context.Context, eventID string)
+}
+
+// WithDefaults returns a copy of c with defaults filled in.
+func (c Config) WithDefaults() Config {
+	if c.InstanceName == "" && c.Group != "" {
+		c.InstanceName = c.Group + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	}
+	if c.TablePrefix == "" {
+		c.TablePrefix = txlog.DefaultPrefix
+	}
+	if c.SendTimeout <= 0 {
+		c.SendTimeout = DefaultSendTimeout
+	}
+	if c.SendRetries == 0 {
+		c.SendRetries = DefaultSendRetries
+	} else if c.SendRetries < 0 {
+		c.SendRetries = 0
+	}
+	if c.LocalTxTimeout <= 0 {
+		c.LocalTxTimeout = DefaultLocalTxTimeout
+	}
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = DefaultCheckTimeout
+	}
+	if c.FenceAge <= 0 {
+		c.FenceAge = DefaultFenceAge
+	}
+	if c.MaxPayloadBytes <= 0 {
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if c.RecoveryStartRetry <= 0 {
+		c.RecoveryStartRetry = checkback.DefaultStartRetry
+	}
+	c.Logger = rmqlog.OrQuiet(c.Logger)
+	return c
+}
+
+var groupRE = topicRE
+
+func (c Config) validate() error {
+	if len(c.NameServer) == 0 {
+		return wrapf(ErrConfig, "NameServer is required")
+	}
+	for _, a := range c.NameServer {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return wrapf(ErrConfig, "NameServer %q: want host:port", a)
+		}
+	}
+	if !groupRE.MatchString(c.Group) {
+		return wrapf(ErrConfig, "Group %q: want [%%|a-zA-Z0-9_-]{1,127}", c.Group)
+	}
+	if c.DB == nil && c.Log == nil {
+		return wrapf(ErrConfig, "DB is required")
+	}
+	if c.MaxPayloadBytes > 4<<20 {
+		return wrapf(ErrConfig, "MaxPayloadBytes %d is above the broker's default 4 MiB message limit", c.MaxPayloadBytes)
+	}
+	for _, t := range c.WarmupTopics {
+		if !topicRE.MatchString(t) {
+			return wrapf(ErrConfig, "WarmupTopics: bad topic %q", t)
+		}
+	}
+	return nil
+}
+
+func (c Config) store() (*txlog.Store, error) {
+	if c.Log != nil {
+		return c.Log, nil
+	}
+	s, err := txlog.New(c.DB, c.TablePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return s, nil
+}

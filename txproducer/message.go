@@ -1,0 +1,145 @@
+package txproducer
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+)
+
+// LocalTxFunc is the caller's part of the local transaction. It runs after
+// the txlog row was inserted in tx and must use tx (not another connection)
+// for the business writes that decide the event. Returning an error, or
+// panicking, rolls everything back. ctx is Send's ctx bounded by
+// LocalTxTimeout.
+type LocalTxFunc func(ctx context.Context, tx *sqlx.Tx) error
+
+// Message is one event to publish.
+type Message struct {
+	Topic string   // required
+	Tags  string   // optional RocketMQ tag
+	Keys  []string // optional RocketMQ keys; the event id is always added
+	// EventID is the stable id. Empty: a new UUIDv7. Supply your own (up to
+	// 64 bytes) to retry a Send whose outcome you did not learn.
+	EventID          string
+	EventType        string // required
+	EventVersion     int
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	BusinessKey      string
+	Headers          map[string]string
+	Payload          []byte // required, at most Config.MaxPayloadBytes
+}
+
+// State is the outcome of a Send.
+type State int
+
+// States.
+const (
+	// StateUnknown: the commit outcome could not be learned (ErrCommitUnknown).
+	StateUnknown State = iota
+	// StateCommitted: the local transaction committed; the event will be
+	// delivered (by END_TRANSACTION, a check, or discard recovery).
+	StateCommitted
+	// StateRolledBack: nothing committed; the event will not be delivered
+	// for this Send.
+	StateRolledBack
+)
+
+func (s State) String() string {
+	switch s {
+	case StateCommitted:
+		return "committed"
+	case StateRolledBack:
+		return "rolled_back"
+	default:
+		return "unknown"
+	}
+}
+
+// Result describes a Send.
+type Result struct {
+	EventID       string
+	State         State
+	MsgID         string // the half message's id (UNIQ_KEY); empty if not sent
+	TransactionID string
+	// Duplicate: the event id had already committed with the same payload;
+	// the function was not run again.
+	Duplicate bool
+}
+
+// RocketMQ's topic rule: [%|a-zA-Z0-9_-], at most 127 characters.
+var topicRE = regexp.MustCompile(`^[%|a-zA-Z0-9_-]{1,127}$`)
+
+const maxPropertiesLen = 32000 // RocketMQ encodes the properties length as a short
+
+func checkToken(field, v string, max int) error {
+	if len(v) > max {
+		return wrapf(ErrInvalidMessage, "%s is %d bytes, more than %d", field, len(v), max)
+	}
+	if !utf8.ValidString(v) {
+		return wrapf(ErrInvalidMessage, "%s is not valid UTF-8", field)
+	}
+	for _, r := range v {
+		if r < 0x20 || r == 0x7f {
+			return wrapf(ErrInvalidMessage, "%s contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// validate checks m against the producer's limits; env is the envelope
+// with the event id assigned.
+func validate(m Message, env envelope.Envelope, maxPayload int) error {
+	if !topicRE.MatchString(m.Topic) {
+		return wrapf(ErrInvalidMessage, "topic %q: want [%%|a-zA-Z0-9_-]{1,127}", m.Topic)
+	}
+	if strings.HasPrefix(m.Topic, "RMQ_SYS_") || m.Topic == "TRANS_CHECK_MAX_TIME_TOPIC" || strings.HasPrefix(m.Topic, "%RETRY%") || strings.HasPrefix(m.Topic, "%DLQ%") {
+		return wrapf(ErrInvalidMessage, "topic %q is a system topic", m.Topic)
+	}
+	if err := checkToken("tags", m.Tags, 128); err != nil {
+		return err
+	}
+	if strings.Contains(m.Tags, "||") {
+		return wrapf(ErrInvalidMessage, "tags must not contain \"||\"")
+	}
+	for _, k := range m.Keys {
+		if k == "" || strings.Contains(k, " ") {
+			return wrapf(ErrInvalidMessage, "key %q: keys are non-empty and contain no space", k)
+		}
+		if err := checkToken("key", k, envelope.MaxKeyLen); err != nil {
+			return err
+		}
+	}
+	if len(m.Payload) == 0 {
+		return wrapf(ErrInvalidMessage, "payload is empty")
+	}
+	if len(m.Payload) > maxPayload {
+		return fmt.Errorf("%w: %w: %d bytes, limit %d", ErrInvalidMessage, ErrPayloadTooLarge, len(m.Payload), maxPayload)
+	}
+	if err := env.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+	}
+	n := 0
+	for k, v := range env.Properties(m.Payload) {
+		n += len(k) + len(v) + 2
+	}
+	if n > maxPropertiesLen {
+		return wrapf(ErrInvalidMessage, "properties (headers) take %d bytes, limit %d", n, maxPropertiesLen)
+	}
+	return nil
+}
+
+func (m Message) envelope(id string) envelope.Envelope {
+	return envelope.Envelope{
+		EventID: id, EventType: m.EventType, EventVersion: m.EventVersion,
+		AggregateType: m.AggregateType, AggregateID: m.AggregateID, AggregateVersion: m.AggregateVersion,
+		BusinessKey: m.BusinessKey, Headers: m.Headers,
+	}
+}

@@ -1,0 +1,474 @@
+package txproducer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/jmoiron/sqlx"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// firstHeartbeat is when rocketmq-client-go sends its first heartbeat after
+// Start (then every 30 s). Brokers learned by the warm-up probes before it
+// register this instance for checks.
+const firstHeartbeat = time.Second
+
+type lifecycle int
+
+const (
+	stateNew lifecycle = iota
+	stateStarted
+	stateClosed
+)
+
+// Producer is a transactional producer. Create it with New, call Start,
+// Send from any number of goroutines, and Shutdown.
+type Producer struct {
+	cfg      Config
+	db       *sqlx.DB
+	log      *txlog.Store
+	checker  *checkback.Checker
+	recovery *checkback.Recovery
+
+	mu       sync.Mutex
+	state    lifecycle
+	tp       rocketmq.TransactionProducer
+	inflight sync.WaitGroup
+	calls    sync.Map // *primitive.Message -> *call
+}
+
+// New validates cfg and returns a Producer that is not started.
+func New(cfg Config) (*Producer, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	store, err := cfg.store()
+	if err != nil {
+		return nil, err
+	}
+	db := cfg.DB
+	if db == nil {
+		db = store.DB()
+	}
+	checker, err := checkback.New(checkback.Config{
+		Log: store, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
+		Resolver: cfg.Resolver, Metrics: cfg.Metrics, Logger: cfg.Logger, OnAnswer: cfg.OnCheck,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("txproducer: %w", err)
+	}
+	p := &Producer{cfg: cfg, db: db, log: store, checker: checker}
+	if !cfg.DisableRecovery {
+		p.recovery, err = checkback.NewRecovery(checkback.RecoveryConfig{
+			NameServer: cfg.NameServer, Group: cfg.Group, Log: store,
+			InstanceName: cfg.InstanceName + "-recovery", StartRetry: cfg.RecoveryStartRetry,
+			SendTimeout: cfg.SendTimeout, QueryTimeout: cfg.CheckTimeout,
+			Metrics: cfg.Metrics, Logger: cfg.Logger, OnDecision: cfg.OnRecovery,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("txproducer: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// Log returns the transaction log the producer writes.
+func (p *Producer) Log() *txlog.Store { return p.log }
+
+// InstanceName returns the client instance name of this lifecycle.
+func (p *Producer) InstanceName() string { return p.cfg.InstanceName }
+
+// Start connects to the name server, warms up (see Config.WarmupTopics),
+// starts discard recovery, and begins answering checks. It returns after
+// the client's first heartbeat (about one second), so checks for older
+// transactions of the group can reach this instance before its first Send.
+func (p *Producer) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch p.state {
+	case stateStarted:
+		return nil
+	case stateClosed:
+		return ErrClosed
+	}
+	rmqlog.Install(p.cfg.Logger)
+	tp, err := rocketmq.NewTransactionProducer(&listener{p: p},
+		producer.WithGroupName(p.cfg.Group),
+		producer.WithInstanceName(p.cfg.InstanceName),
+		producer.WithNsResolver(primitive.NewPassthroughResolver(p.cfg.NameServer)),
+		producer.WithSendMsgTimeout(p.cfg.SendTimeout),
+		producer.WithRetry(p.cfg.SendRetries),
+	)
+	if err != nil {
+		return fmt.Errorf("txproducer: create client: %w", err)
+	}
+	started := time.Now()
+	if err := tp.Start(); err != nil {
+		return fmt.Errorf("txproducer: start client: %w", err)
+	}
+	fail := func(err error) error {
+		_ = tp.Shutdown()
+		stopCheckLoop(tp)
+		return err
+	}
+	for _, topic := range p.cfg.WarmupTopics {
+		if err := p.probe(ctx, tp, topic); err != nil {
+			return fail(err)
+		}
+	}
+	if len(p.cfg.WarmupTopics) > 0 {
+		if time.Since(started) > firstHeartbeat-100*time.Millisecond {
+			p.cfg.Logger.Warn("txproducer: warm-up took longer than the client's first heartbeat; checks may reach this instance only after the next one (30 s)")
+		}
+		t := time.NewTimer(time.Until(started.Add(firstHeartbeat + 200*time.Millisecond)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fail(fmt.Errorf("txproducer: start: %w", ctx.Err()))
+		}
+	}
+	if p.recovery != nil {
+		if err := p.recovery.Start(ctx); err != nil {
+			return fail(fmt.Errorf("txproducer: %w", err))
+		}
+	}
+	p.tp = tp
+	p.state = stateStarted
+	return nil
+}
+
+func (p *Producer) probe(ctx context.Context, tp rocketmq.TransactionProducer, topic string) error {
+	m := primitive.NewMessage(topic, []byte("rmqtx warm-up probe"))
+	m.WithProperty(checkback.PropProbe, "1")
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.SendTimeout*time.Duration(1+p.cfg.SendRetries))
+	defer cancel()
+	res, err := tp.SendMessageInTransaction(ctx, m)
+	if err != nil {
+		return fmt.Errorf("%w: warm-up probe on %s: %w", ErrSend, topic, err)
+	}
+	if res.Status != primitive.SendOK {
+		return wrapf(ErrSend, "warm-up probe on %s: broker status %d", topic, res.Status)
+	}
+	return nil
+}
+
+// call carries one Send's closure and outcome through the client's
+// argument-less local-transaction callback.
+type call struct {
+	ctx   context.Context
+	fn    LocalTxFunc
+	row   txlog.Row
+	ran   bool
+	state State
+	dup   bool
+	err   error
+}
+
+// Send publishes msg if and only if fn commits. See the package doc. The
+// Result's State tells committed, rolled back and unknown apart; err says
+// why when it is not committed (and wraps ErrLocalTx with fn's error).
+func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Result, error) {
+	p.mu.Lock()
+	switch p.state {
+	case stateNew:
+		p.mu.Unlock()
+		return Result{State: StateRolledBack}, ErrNotStarted
+	case stateClosed:
+		p.mu.Unlock()
+		return Result{State: StateRolledBack}, ErrClosed
+	}
+	p.inflight.Add(1)
+	tp := p.tp
+	p.mu.Unlock()
+	defer p.inflight.Done()
+
+	id := msg.EventID
+	if id == "" {
+		id = envelope.NewEventID()
+	}
+	res := Result{EventID: id, State: StateRolledBack}
+	if fn == nil {
+		return res, wrapf(ErrInvalidMessage, "nil LocalTxFunc")
+	}
+	env := msg.envelope(id)
+	if err := validate(msg, env, p.cfg.MaxPayloadBytes); err != nil {
+		return res, err
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrSend, err)
+	}
+	props := env.Properties(msg.Payload)
+	rm := primitive.NewMessage(msg.Topic, msg.Payload)
+	rm.WithProperties(props)
+	if msg.Tags != "" {
+		rm.WithTag(msg.Tags)
+	}
+	keys := append(append([]string{}, msg.Keys...), id)
+	rm.WithKeys(keys)
+
+	propJSON, _ := json.Marshal(props)
+	c := &call{ctx: ctx, fn: fn, state: StateRolledBack, row: txlog.Row{
+		EventID: id, ProducerGroup: p.cfg.Group, Topic: msg.Topic, Tags: msg.Tags, Keys: strings.Join(keys, " "),
+		EventType: msg.EventType, State: txlog.StateCommitted, PayloadHash: props[envelope.PropPayloadHash],
+		Properties: string(propJSON), BusinessKey: msg.BusinessKey, ResolvedBy: txlog.ByLocalCommit,
+	}}
+	if !p.cfg.DisablePayloadStorage {
+		c.row.Payload = msg.Payload
+	}
+	p.calls.Store(rm, c)
+	defer p.calls.Delete(rm)
+
+	sr, err := tp.SendMessageInTransaction(ctx, rm)
+	failpoint.Inject(failpoint.AfterEndTransaction)
+	if err != nil {
+		p.count(msg.EventType, "error")
+		return res, fmt.Errorf("%w: %s: %w", ErrSend, msg.Topic, err)
+	}
+	res.MsgID = sr.MsgID
+	res.TransactionID = sr.TransactionID
+	if !c.ran {
+		// The client answers ROLLBACK without running the local transaction
+		// on a flush or slave timeout; err is nil then.
+		p.count(msg.EventType, "error")
+		return res, wrapf(ErrSend, "%s: broker status %d; local transaction not run", msg.Topic, sr.Status)
+	}
+	res.State, res.Duplicate = c.state, c.dup
+	switch c.state {
+	case StateCommitted:
+		p.count(msg.EventType, "committed")
+	case StateRolledBack:
+		if errors.Is(c.err, ErrLocalTx) {
+			p.count(msg.EventType, "rolled_back")
+		} else {
+			p.count(msg.EventType, "error")
+		}
+	default:
+		p.count(msg.EventType, "unknown")
+	}
+	return res, c.err
+}
+
+func (p *Producer) count(eventType, result string) {
+	if m := p.cfg.Metrics; m != nil {
+		m.ProducerSends.WithLabelValues(p.cfg.Group, eventType, result).Inc()
+	}
+}
+
+// runLocal is the local transaction: BEGIN; INSERT txlog row; fn; COMMIT.
+// It returns the answer for the broker, which is always backed by the txlog
+// (COMMIT: our row committed; ROLLBACK: a ROLLED_BACK row is persisted;
+// otherwise UNKNOWN and the check decides).
+func (p *Producer) runLocal(c *call) primitive.LocalTransactionState {
+	failpoint.Inject(failpoint.AfterHalfMessage)
+	c.ran = true
+	l := p.cfg.Logger.WithField("event_id", c.row.EventID)
+	if h := p.cfg.Test.BeforeLocalTx; h != nil {
+		h(c.ctx, c.row.EventID)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, p.cfg.LocalTxTimeout)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		c.err = fmt.Errorf("%w: %w", ErrDatabase, err)
+		return p.rollback(c, l)
+	}
+	tx, err := p.db.BeginTxx(ctx, nil)
+	if err != nil {
+		c.err = fmt.Errorf("%w: begin: %w", ErrDatabase, err)
+		return p.rollback(c, l)
+	}
+	c.row.CreatedAt, c.row.ResolvedAt = time.Time{}, time.Time{}
+	if err := p.log.Insert(ctx, tx, c.row); err != nil {
+		_ = tx.Rollback()
+		if errors.Is(err, txlog.ErrDuplicate) {
+			return p.duplicate(c, l)
+		}
+		c.err = fmt.Errorf("%w: %w", ErrDatabase, err)
+		return p.rollback(c, l)
+	}
+	failpoint.Inject(failpoint.InsideLocalTx)
+	if err := callFn(ctx, c.fn, tx); err != nil {
+		_ = tx.Rollback()
+		c.err = fmt.Errorf("%w: %w", ErrLocalTx, err)
+		return p.rollback(c, l)
+	}
+	if err := tx.Commit(); err != nil {
+		return p.commitFailed(c, l, err)
+	}
+	failpoint.Inject(failpoint.AfterLocalCommit)
+	c.state = StateCommitted
+	return primitive.CommitMessageState
+}
+
+func callFn(ctx context.Context, fn LocalTxFunc, tx *sqlx.Tx) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return fn(ctx, tx)
+}
+
+// shortCtx is for the producer's own bookkeeping statements: independent of
+// the caller's (possibly cancelled) context, bounded by CheckTimeout.
+func (p *Producer) shortCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), p.cfg.CheckTimeout)
+}
+
+// rollback persists the local rollback so the answer is final (I3). If that
+// cannot be written the answer is UNKNOWN and a check decides.
+func (p *Producer) rollback(c *call, l logrus.FieldLogger) primitive.LocalTransactionState {
+	c.state = StateRolledBack
+	ctx, cancel := p.shortCtx()
+	defer cancel()
+	r := c.row
+	r.Payload, r.ResolvedBy = nil, txlog.ByLocalRollback
+	row, _, err := p.log.Fence(ctx, r)
+	if err != nil {
+		l.WithError(err).Warn("txproducer: could not persist the rollback; answering UNKNOWN, a check will fence")
+		return primitive.UnkonwnState
+	}
+	if row.State == txlog.StateCommitted && row.PayloadHash == c.row.PayloadHash {
+		// Another Send with this id committed the same event meanwhile.
+		return primitive.CommitMessageState
+	}
+	return primitive.RollbackMessageState
+}
+
+// duplicate handles an event id that already has a row.
+func (p *Producer) duplicate(c *call, l logrus.FieldLogger) primitive.LocalTransactionState {
+	ctx, cancel := p.shortCtx()
+	defer cancel()
+	row, err := p.log.Get(ctx, c.row.EventID)
+	if err != nil {
+		c.state, c.err = StateUnknown, fmt.Errorf("%w: read existing row: %w", ErrDatabase, err)
+		return primitive.UnkonwnState
+	}
+	switch {
+	case row.State == txlog.StateRolledBack:
+		c.state, c.err = StateRolledBack, wrapf(ErrFenced, "%s (resolved by %s)", row.EventID, row.ResolvedBy)
+		return primitive.RollbackMessageState
+	case row.PayloadHash != c.row.PayloadHash:
+		c.state, c.err = StateRolledBack, wrapf(ErrEventIDConflict, "%s", row.EventID)
+		l.Warn("txproducer: event id reused with a different payload")
+		return primitive.RollbackMessageState
+	default:
+		// A retry of an event that already committed: same answer a check
+		// would give. Consumers deduplicate the second copy.
+		c.state, c.dup = StateCommitted, true
+		return primitive.CommitMessageState
+	}
+}
+
+// commitFailed learns the outcome of a COMMIT that returned an error by
+// fencing: the INSERT IGNORE waits if the commit is still being applied,
+// and the row then says what happened.
+func (p *Producer) commitFailed(c *call, l logrus.FieldLogger, cerr error) primitive.LocalTransactionState {
+	ctx, cancel := p.shortCtx()
+	defer cancel()
+	r := c.row
+	r.Payload, r.ResolvedBy = nil, txlog.ByLocalRollback
+	row, _, err := p.log.Fence(ctx, r)
+	if err != nil {
+		c.state, c.err = StateUnknown, fmt.Errorf("%w: %w (reading the outcome: %w)", ErrCommitUnknown, cerr, err)
+		l.WithError(c.err).Error("txproducer: commit outcome unknown; the txlog decides")
+		return primitive.UnkonwnState
+	}
+	if row.State == txlog.StateCommitted {
+		c.state = StateCommitted
+		return primitive.CommitMessageState
+	}
+	c.state, c.err = StateRolledBack, fmt.Errorf("%w: commit: %w", ErrDatabase, cerr)
+	return primitive.RollbackMessageState
+}
+
+// Shutdown stops accepting Sends, waits for the ones in flight (bounded by
+// ctx), stops recovery and the client, and stops the client's check
+// goroutine. It is idempotent.
+func (p *Producer) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	if p.state == stateClosed {
+		p.mu.Unlock()
+		return nil
+	}
+	wasStarted := p.state == stateStarted
+	p.state = stateClosed
+	tp := p.tp
+	p.mu.Unlock()
+	if !wasStarted {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { p.inflight.Wait(); close(done) }()
+	var errs []error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("waiting for sends in flight: %w", ctx.Err()))
+	}
+	if p.recovery != nil {
+		if err := p.recovery.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := tp.Shutdown(); err != nil {
+		errs = append(errs, err)
+	}
+	stopCheckLoop(tp)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("txproducer: shutdown: %w", err)
+	}
+	return nil
+}
+
+// Close is Shutdown with a 30 s bound.
+func (p *Producer) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return p.Shutdown(ctx)
+}
+
+// listener adapts the client's argument-less callbacks. Both methods
+// recover panics: on this client a panic would end the check loop for good.
+type listener struct{ p *Producer }
+
+func (l *listener) ExecuteLocalTransaction(m *primitive.Message) (st primitive.LocalTransactionState) {
+	defer func() {
+		if v := recover(); v != nil {
+			l.p.cfg.Logger.Errorf("txproducer: panic in the local transaction callback: %v", v)
+			st = primitive.UnkonwnState
+		}
+	}()
+	v, ok := l.p.calls.Load(m)
+	if !ok {
+		// A warm-up probe (or a message we did not send): roll back.
+		return primitive.RollbackMessageState
+	}
+	return l.p.runLocal(v.(*call))
+}
+
+func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.LocalTransactionState) {
+	defer func() {
+		if v := recover(); v != nil {
+			l.p.cfg.Logger.Errorf("txproducer: panic in the check callback: %v", v)
+			st = primitive.UnkonwnState
+		}
+	}()
+	return l.p.checker.Check(context.Background(), m).Decision.LocalTransactionState()
+}

@@ -1,0 +1,95 @@
+//go:build failpoints
+
+package consumer
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+)
+
+const (
+	envHelperRole  = "RMQTX_CONSUMER_HELPER"
+	envHelperDB    = "RMQTX_CONSUMER_HELPER_DB"
+	envHelperTopic = "RMQTX_CONSUMER_HELPER_TOPIC"
+	envHelperGroup = "RMQTX_CONSUMER_HELPER_GROUP"
+)
+
+// TestHelperProcessConsumer is not a test: TestCrashAfterCommitBeforeAck
+// re-executes the test binary to run it as a consumer process that the
+// armed failpoint kills with SIGKILL right after its first commit.
+func TestHelperProcessConsumer(t *testing.T) {
+	if os.Getenv(envHelperRole) != "consumer" {
+		return // only meaningful as the child process
+	}
+	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envHelperDB)))
+	require.NoError(t, err)
+	defer db.Close()
+	c, err := New(Config{
+		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
+			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
+		NameServer: []string{testenv.Load().NameServer},
+		Topic:      os.Getenv(envHelperTopic),
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	// The failpoint ends this process; reaching the watchdog is a failure.
+	watchdog, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	<-watchdog.Done()
+	t.Fatal("consumer helper was not killed by the failpoint")
+}
+
+// f. Consumer killed after commit, before ACK: the redelivery is a dedup hit
+// and the effect count does not change.
+func TestCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel()
+	db := setupDB(t)
+	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
+	testenv.CreateTopic(t, topic, 2)
+	createRetryTopic(t, group)
+	id := envelope.NewEventID()
+	newPublisher(t).send(topic, ev(id, "Created"), []byte(`{"n":1}`))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcessConsumer$", "-test.count=1")
+	cmd.Env = append(os.Environ(),
+		envHelperRole+"=consumer",
+		failpoint.EnvVar+"="+failpoint.AfterConsumeCommit,
+		envHelperDB+"="+testenv.DBName(t, db),
+		envHelperTopic+"="+topic,
+		envHelperGroup+"="+group,
+	)
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	require.True(t, errors.As(err, &exitErr), "child: %v\n%s", err, out)
+	ws, ok := exitErr.Sys().(syscall.WaitStatus)
+	require.True(t, ok)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die by the failpoint's SIGKILL, got %v\n%s", err, out)
+
+	// The child committed the effect and the dedup row, then died unACKed.
+	require.Equal(t, 1, effects(t, db))
+	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE event_id = ? AND status = 'SUCCESS'", id))
+
+	// A new instance of the group gets the message again: a dedup hit.
+	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}}, nil)
+	testenv.Eventually(t, 90*time.Second, "the redelivery absorbed as a dedup hit", func() bool {
+		return c.Processor().Stats().Duplicates >= 1
+	})
+	s := c.Processor().Stats()
+	require.Zero(t, s.Applied, "the handler did not run again")
+	require.Equal(t, 1, effects(t, db), "the effect count did not change")
+	t.Logf("COUNTS f (crash after commit): effects=%d dedup_hits_after_restart=%d applied_after_restart=%d", effects(t, db), s.Duplicates, s.Applied)
+}

@@ -1,0 +1,129 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Class is how a failed attempt is handled. It is stored in the dead-letter
+// table and used as a metrics label, so the set is small and fixed.
+type Class string
+
+// The error classes (DESIGN.md I7).
+const (
+	// ClassTransient: infrastructure trouble (DB, network, timeouts). Retried
+	// with RocketMQ delay levels up to MaxRetries, then parked.
+	ClassTransient Class = "transient"
+	// ClassWait: a business condition is not met yet (including a strict
+	// version gap). Retried with a delay up to MaxWaits, then parked.
+	ClassWait Class = "wait"
+	// ClassPermanent: the business rejects the event for good. Parked at once.
+	ClassPermanent Class = "permanent"
+	// ClassData: the message itself is unusable (malformed envelope, payload
+	// that cannot be decoded, unknown event type, hash mismatch). Parked at once.
+	ClassData Class = "data"
+	// ClassConflict: same event id as an applied event but a different
+	// payload hash (I5). Parked with both hashes; never applied.
+	ClassConflict Class = "conflict"
+	// ClassUnknown: an error nobody classified. Handled like ClassTransient
+	// (retried up to MaxRetries, then parked) but labelled apart so it shows.
+	ClassUnknown Class = "unknown"
+)
+
+// Sentinel errors. Every error this package returns wraps one of them or an
+// *Error, so errors.Is / errors.As work.
+var (
+	// ErrConflict is wrapped by the error of a parked payload-hash conflict.
+	ErrConflict = errors.New("consumer: event id reused with a different payload")
+	// ErrVersionGap is the Wait error of strict mode when an earlier aggregate
+	// version has not been applied yet.
+	ErrVersionGap = errors.New("consumer: aggregate version gap")
+	// ErrUnknownEventType is the Data error for an event type with no route.
+	ErrUnknownEventType = errors.New("consumer: no route for event type")
+	// ErrMalformed is the Data error for a message whose envelope cannot be
+	// decoded or whose payload does not match its declared hash.
+	ErrMalformed = errors.New("consumer: malformed message")
+	// ErrRetryLimit is wrapped when a retryable failure ran out of attempts
+	// and was parked.
+	ErrRetryLimit = errors.New("consumer: retry limit reached")
+	// ErrHandlerPanic is wrapped when a handler panicked (class unknown).
+	ErrHandlerPanic = errors.New("consumer: handler panicked")
+	// ErrNotFound is returned by DeadLetterStore.Get for a missing id.
+	ErrNotFound = errors.New("consumer: not found")
+	// ErrNotParked is returned when a dead letter is not in status PARKED.
+	ErrNotParked = errors.New("consumer: dead letter is not parked")
+	// ErrClosed is returned by Start after Shutdown or Close.
+	ErrClosed = errors.New("consumer: closed")
+	// ErrConfig is wrapped by every configuration error.
+	ErrConfig = errors.New("consumer: invalid config")
+)
+
+// Error carries a class with the underlying error. Build it with Transient,
+// Wait, Permanent or BadData; read it with ClassOf.
+type Error struct {
+	Class Class
+	Err   error
+}
+
+func (e *Error) Error() string {
+	if e.Err == nil {
+		return "consumer: " + string(e.Class)
+	}
+	return fmt.Sprintf("consumer: %s: %v", e.Class, e.Err)
+}
+
+// Unwrap returns the underlying error.
+func (e *Error) Unwrap() error { return e.Err }
+
+func classify(c Class, err error) error {
+	if err == nil {
+		err = errors.New(string(c))
+	}
+	return &Error{Class: c, Err: err}
+}
+
+// Transient marks err as a temporary infrastructure failure: retried later.
+func Transient(err error) error { return classify(ClassTransient, err) }
+
+// Wait marks err as "a business precondition is not met yet": retried later,
+// a bounded number of times (MaxWaits), then parked.
+func Wait(err error) error { return classify(ClassWait, err) }
+
+// Permanent marks err as a final business rejection: parked at once.
+func Permanent(err error) error { return classify(ClassPermanent, err) }
+
+// BadData marks err as "this message can never be processed" (it cannot be
+// decoded or validated): parked at once.
+func BadData(err error) error { return classify(ClassData, err) }
+
+// ClassOf returns the class of err: the outermost *Error in its chain, the
+// class of the package's sentinels, or ClassUnknown. It returns "" for nil.
+func ClassOf(err error) Class {
+	if err == nil {
+		return ""
+	}
+	var ce *Error
+	if errors.As(err, &ce) {
+		return ce.Class
+	}
+	switch {
+	case errors.Is(err, ErrConflict):
+		return ClassConflict
+	case errors.Is(err, ErrVersionGap):
+		return ClassWait
+	case errors.Is(err, ErrUnknownEventType), errors.Is(err, ErrMalformed):
+		return ClassData
+	}
+	return ClassUnknown
+}
+
+// IsRetryable reports whether err leads to a later redelivery (transient,
+// wait or unknown) rather than being parked at once.
+func IsRetryable(err error) bool {
+	return ClassOf(err).Retryable()
+}
+
+// Retryable reports whether the class is retried before it is parked.
+func (c Class) Retryable() bool {
+	return c == ClassTransient || c == ClassWait || c == ClassUnknown
+}

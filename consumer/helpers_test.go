@@ -1,0 +1,62 @@
+package consumer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+)
+
+// setupDB returns a fresh database with the consumer tables and a business
+// table "effect" that records every handler run that committed. It has no
+// unique key on event_id on purpose: a duplicate effect would show.
+func setupDB(t *testing.T) *sqlx.DB {
+	t.Helper()
+	db := testenv.DB(t)
+	ctx := context.Background()
+	require.NoError(t, Migrate(ctx, db, ""))
+	_, err := db.ExecContext(ctx, `CREATE TABLE effect (
+		id BIGINT AUTO_INCREMENT PRIMARY KEY,
+		event_id VARCHAR(64) NOT NULL,
+		agg_id VARCHAR(128) NOT NULL,
+		version BIGINT NOT NULL,
+		payload VARBINARY(1024) NOT NULL,
+		KEY (event_id))`)
+	require.NoError(t, err)
+	return db
+}
+
+// effectHandler inserts one effect row per run.
+func effectHandler(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO effect (event_id, agg_id, version, payload) VALUES (?, ?, ?, ?)",
+		ev.ID, ev.AggregateID, ev.AggregateVersion, ev.Payload)
+	return err
+}
+
+func countRows(t testing.TB, db *sqlx.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, q, args...))
+	return n
+}
+
+func effects(t testing.TB, db *sqlx.DB) int { return countRows(t, db, "SELECT COUNT(*) FROM effect") }
+
+// msg builds a Message as the broker would deliver it.
+func msg(env envelope.Envelope, payload string) Message {
+	body := []byte(payload)
+	return Message{Body: body, Properties: env.Properties(body), Delivery: Delivery{
+		Topic: "t", MsgID: "m-" + env.EventID, StoredAt: time.Now().UTC(),
+	}}
+}
+
+func ev(id, typ string) envelope.Envelope { return envelope.Envelope{EventID: id, EventType: typ} }
+
+func aggEv(id, aggID string, version int64) envelope.Envelope {
+	return envelope.Envelope{EventID: id, EventType: "Moved", AggregateType: "Box", AggregateID: aggID, AggregateVersion: version}
+}

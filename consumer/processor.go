@@ -1,0 +1,726 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/metrics"
+)
+
+// VersionMode selects the aggregate-version guard (I6).
+type VersionMode int
+
+const (
+	// VersionInherit: in a Route, use ProcessorConfig.VersionMode; in
+	// ProcessorConfig, the default, VersionStrict.
+	VersionInherit VersionMode = iota
+	// VersionNone: no guard; events apply in any order.
+	VersionNone
+	// VersionStrict: only last+1 applies. A gap (a later version arriving
+	// first) is retried with class Wait up to MaxWaits, then parked; an older
+	// or equal version is skipped as stale.
+	VersionStrict
+	// VersionMonotonic: any newer version applies; an older or equal one is
+	// skipped as stale (ACKed, counted, recorded with status STALE).
+	VersionMonotonic
+)
+
+func (m VersionMode) String() string {
+	switch m {
+	case VersionInherit:
+		return "inherit"
+	case VersionNone:
+		return "none"
+	case VersionStrict:
+		return "strict"
+	case VersionMonotonic:
+		return "monotonic"
+	}
+	return fmt.Sprintf("VersionMode(%d)", int(m))
+}
+
+// UnknownTypePolicy says what happens to an event type with no Route.
+type UnknownTypePolicy int
+
+const (
+	// UnknownPark parks it with class data (the default): nothing is lost
+	// silently, and an operator can replay it once a handler exists.
+	UnknownPark UnknownTypePolicy = iota
+	// UnknownIgnore ACKs it without a trace except a counter (result
+	// "ignored"): for groups that subscribe to a shared topic on purpose.
+	UnknownIgnore
+)
+
+// Route is how one event type is handled.
+type Route struct {
+	// Handler applies the effect. Required.
+	Handler Handler
+	// Validate, when set, runs before the transaction (decode the payload,
+	// check required fields). An unclassified error is class data: parked on
+	// the first attempt, never retried. A classified error keeps its class.
+	Validate func(ev Event) error
+	// Version overrides ProcessorConfig.VersionMode for this type. Default
+	// VersionInherit.
+	Version VersionMode
+}
+
+// ProcessorConfig configures the idempotent processing core.
+type ProcessorConfig struct {
+	// Group is the consumer group: the dedup scope. Required.
+	Group string
+	// DB holds the consume log and the business tables (one local
+	// transaction covers both). Required. READ COMMITTED or REPEATABLE READ.
+	DB *sqlx.DB
+	// TablePrefix of the consumer tables. Default DefaultTablePrefix
+	// ("rmqtx_"); validated with sqlname.
+	TablePrefix string
+	// Routes maps an event type to its Route. At least one is required.
+	Routes map[string]Route
+	// UnknownType is the policy for types without a route. Default UnknownPark.
+	UnknownType UnknownTypePolicy
+	// VersionMode is the guard for events that carry an aggregate type and a
+	// version > 0. Default VersionStrict (I6: a gap is waited for, not
+	// skipped). Use VersionMonotonic when producers may skip versions.
+	VersionMode VersionMode
+	// StrictFirstVersion is the version strict mode expects for an aggregate
+	// it has never seen. Default 1.
+	StrictFirstVersion int64
+	// MaxRetries bounds transient and unknown failures per event: the event
+	// is parked on failure number MaxRetries+1. Default 10; negative means 0
+	// (park on the first failure).
+	MaxRetries int
+	// MaxWaits bounds Wait failures (business waits and strict version gaps)
+	// the same way. Default 20; negative means 0.
+	MaxWaits int
+	// DelayLevel picks the RocketMQ delay level (1 = 1s, 2 = 5s, 3 = 10s,
+	// 4 = 30s, 5 = 1m, ... with the broker's default messageDelayLevel) for
+	// the redelivery after failed attempt number attempt (1-based). Default
+	// DefaultDelayLevel.
+	DelayLevel func(c Class, attempt int) int
+	// ProcessTimeout bounds one message's transaction, handler included.
+	// Default 30s.
+	ProcessTimeout time.Duration
+	// Redact is applied to a payload before it is stored in a dead letter
+	// (I10). Default: stored as is, which keeps the dead letter replayable.
+	// A redacting hook makes the stored payload differ from request_hash;
+	// the dead letter records payload_redacted = true. Payloads are never
+	// logged.
+	Redact func(payload []byte) []byte
+	// RedactText is applied to error texts before they are logged or stored
+	// (handler errors may quote data). Default: unchanged.
+	RedactText func(string) string
+	// Metrics records counters; nil records nothing.
+	Metrics *metrics.Metrics
+	// Logger receives warnings (parked messages) and debug lines. Default quiet.
+	Logger logrus.FieldLogger
+}
+
+// DefaultDelayLevel is the default retry schedule: Transient and Unknown
+// failures back off 1s, 5s, 10s, 30s, 1m, 2m, ... up to level 14 (10m);
+// Wait failures use the same ladder but stop growing at level 5 (1m).
+func DefaultDelayLevel(c Class, attempt int) int {
+	capLevel := 14
+	if c == ClassWait {
+		capLevel = 5
+	}
+	return max(1, min(attempt, capLevel))
+}
+
+// WithDefaults returns a copy of c with every unset field at its default.
+func (c ProcessorConfig) WithDefaults() ProcessorConfig {
+	if c.TablePrefix == "" {
+		c.TablePrefix = DefaultTablePrefix
+	}
+	if c.VersionMode == VersionInherit {
+		c.VersionMode = VersionStrict
+	}
+	if c.StrictFirstVersion == 0 {
+		c.StrictFirstVersion = 1
+	}
+	switch {
+	case c.MaxRetries == 0:
+		c.MaxRetries = 10
+	case c.MaxRetries < 0:
+		c.MaxRetries = 0
+	}
+	switch {
+	case c.MaxWaits == 0:
+		c.MaxWaits = 20
+	case c.MaxWaits < 0:
+		c.MaxWaits = 0
+	}
+	if c.DelayLevel == nil {
+		c.DelayLevel = DefaultDelayLevel
+	}
+	if c.ProcessTimeout <= 0 {
+		c.ProcessTimeout = 30 * time.Second
+	}
+	if c.RedactText == nil {
+		c.RedactText = func(s string) string { return s }
+	}
+	c.Logger = rmqlog.OrQuiet(c.Logger)
+	return c
+}
+
+func (c ProcessorConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+	}
+	if c.Group == "" {
+		return bad("Group is required")
+	}
+	if len(c.Group) > 255 {
+		return bad("Group is longer than 255 bytes")
+	}
+	if c.DB == nil {
+		return bad("DB is required")
+	}
+	if len(c.Routes) == 0 {
+		return bad("Routes is empty")
+	}
+	for t, r := range c.Routes {
+		if t == "" {
+			return bad("route with an empty event type")
+		}
+		if r.Handler == nil {
+			return bad("route %q has no Handler", t)
+		}
+		if r.Version < VersionInherit || r.Version > VersionMonotonic {
+			return bad("route %q: unknown VersionMode %d", t, r.Version)
+		}
+	}
+	if c.VersionMode < VersionNone || c.VersionMode > VersionMonotonic {
+		return bad("unknown VersionMode %d", c.VersionMode)
+	}
+	if c.UnknownType != UnknownPark && c.UnknownType != UnknownIgnore {
+		return bad("unknown UnknownTypePolicy %d", c.UnknownType)
+	}
+	_, err := newTables(c.TablePrefix)
+	return err
+}
+
+// Result is what happened to one message.
+type Result string
+
+// Results. Every one but ResultRetry is ACKed.
+const (
+	ResultApplied   Result = "applied"   // effect committed with the dedup row
+	ResultDuplicate Result = "duplicate" // dedup hit: same id, same hash; handler not run
+	ResultConflict  Result = "conflict"  // same id, different hash: parked
+	ResultStale     Result = "stale"     // older aggregate version: skipped, recorded
+	ResultRetry     Result = "retry"     // rolled back; redeliver later (NOT ACKed)
+	ResultParked    Result = "parked"    // stored as a dead letter
+	ResultIgnored   Result = "ignored"   // unknown type under UnknownIgnore
+)
+
+// Outcome is the result of Processor.Process.
+type Outcome struct {
+	Result  Result
+	EventID string
+	// Class and Err describe the failure for ResultRetry, ResultParked and
+	// ResultConflict.
+	Class Class
+	Err   error
+	// Attempt is the number of failed attempts recorded so far (ResultRetry,
+	// or a park after the retry limit).
+	Attempt int
+	// DelayLevel is the RocketMQ delay level for the redelivery (ResultRetry).
+	DelayLevel int
+	// DeadLetterID is the dead-letter row (ResultParked, ResultConflict).
+	DeadLetterID int64
+}
+
+// Ack reports whether the message may be acknowledged: everything except a
+// retry. Parking happens before Ack is true, never after.
+func (o Outcome) Ack() bool { return o.Result != ResultRetry }
+
+// Stats are the processor's counters since it was created.
+type Stats struct {
+	Applied    int64 // effects committed
+	Duplicates int64 // dedup hits
+	Conflicts  int64 // payload-hash conflicts parked
+	Stale      int64 // stale versions skipped
+	Gaps       int64 // strict-mode gap waits (each also counts as a retry)
+	Retries    int64 // redeliveries requested
+	Parked     int64 // dead letters written (conflicts included)
+	Ignored    int64 // unknown types ignored
+}
+
+// Processor is the broker-independent core: it turns one delivered message
+// into exactly one committed effect, a dedup hit, a stale skip, a retry or a
+// dead letter. It is safe for concurrent use.
+type Processor struct {
+	cfg   ProcessorConfig
+	db    *sqlx.DB
+	t     tables
+	q     queries
+	stats struct {
+		applied, duplicates, conflicts, stale, gaps, retries, parked, ignored atomic.Int64
+	}
+}
+
+type queries struct {
+	insertLog, selectLogHash, markStale, setResultRef                string
+	selectVersion, lockVersion, updateVersion                        string
+	upsertAttempt, selectAttempt, deleteAttempt, upsertDeadLetterSQL string
+}
+
+// NewProcessor validates cfg (after WithDefaults) and returns a Processor.
+// It does not touch the database; call Migrate first.
+func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	t, _ := newTables(cfg.TablePrefix)
+	p := &Processor{cfg: cfg, db: cfg.DB, t: t}
+	p.q = queries{
+		insertLog: "INSERT INTO " + t.log + " (consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at)" +
+			" VALUES (?, ?, ?, ?, '" + StatusApplied + "', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ?",
+		markStale:     "UPDATE " + t.log + " SET status = '" + StatusStale + "' WHERE consumer_group = ? AND event_id = ?",
+		setResultRef:  "UPDATE " + t.log + " SET result_ref = ? WHERE consumer_group = ? AND event_id = ?",
+		selectVersion: "SELECT last_applied_version FROM " + t.version +
+			" WHERE consumer_group = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
+		lockVersion: "INSERT INTO " + t.version + " (consumer_group, aggregate_type, aggregate_id, last_applied_version, last_event_id, updated_at)" +
+			" VALUES (?, ?, ?, 0, '', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE last_applied_version = last_applied_version",
+		updateVersion: "UPDATE " + t.version + " SET last_applied_version = ?, last_event_id = ?, updated_at = UTC_TIMESTAMP(6)" +
+			" WHERE consumer_group = ? AND aggregate_type = ? AND aggregate_id = ?",
+		upsertAttempt: "INSERT INTO " + t.attempt + " (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)" +
+			" VALUES (?, ?, 1, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
+			" ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_class = ?, last_error = ?, updated_at = UTC_TIMESTAMP(6)",
+		selectAttempt:       "SELECT attempts FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
+		deleteAttempt:       "DELETE FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
+		upsertDeadLetterSQL: upsertDeadLetter(t.dead),
+	}
+	return p, nil
+}
+
+// Consume-log statuses.
+const (
+	StatusApplied = "SUCCESS" // the effect committed
+	StatusStale   = "STALE"   // skipped as an older aggregate version
+)
+
+// Config returns the processor's configuration with defaults applied.
+func (p *Processor) Config() ProcessorConfig { return p.cfg }
+
+// Migrate creates the consumer tables under the processor's prefix.
+func (p *Processor) Migrate(ctx context.Context) error { return Migrate(ctx, p.db, p.cfg.TablePrefix) }
+
+// Stats returns a snapshot of the counters.
+func (p *Processor) Stats() Stats {
+	s := &p.stats
+	return Stats{
+		Applied: s.applied.Load(), Duplicates: s.duplicates.Load(), Conflicts: s.conflicts.Load(),
+		Stale: s.stale.Load(), Gaps: s.gaps.Load(), Retries: s.retries.Load(),
+		Parked: s.parked.Load(), Ignored: s.ignored.Load(),
+	}
+}
+
+// DeadLetters returns a store over this processor's dead-letter table.
+func (p *Processor) DeadLetters() *DeadLetterStore { return &DeadLetterStore{db: p.db, t: p.t} }
+
+// Process handles one message: decode, dedup, guard, handle, commit - or
+// classify the failure and retry or park. The caller ACKs the message only
+// when the outcome's Ack() is true; by then everything is committed.
+func (p *Processor) Process(ctx context.Context, m Message) Outcome {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ProcessTimeout)
+	defer cancel()
+
+	env, err := envelope.Decode(m.Properties)
+	if err != nil {
+		ev := malformedEvent(m)
+		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: %w", ErrMalformed, err), "", 0)
+	}
+	ev := Event{
+		ID: env.EventID, Type: env.EventType, Version: env.EventVersion,
+		AggregateType: env.AggregateType, AggregateID: env.AggregateID, AggregateVersion: env.AggregateVersion,
+		BusinessKey: env.BusinessKey, Headers: env.Headers, Payload: m.Body,
+		PayloadHash: envelope.Hash(m.Body), Delivery: m.Delivery,
+	}
+	if declared := m.Properties[envelope.PropPayloadHash]; declared != "" && declared != ev.PayloadHash {
+		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: payload hash %s does not match the declared %s", ErrMalformed, ev.PayloadHash, clip(declared, 64)), "", 0)
+	}
+	route, ok := p.cfg.Routes[ev.Type]
+	if !ok {
+		if p.cfg.UnknownType == UnknownIgnore {
+			p.stats.ignored.Add(1)
+			p.count(ev, ResultIgnored)
+			return Outcome{Result: ResultIgnored, EventID: ev.ID}
+		}
+		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w %q", ErrUnknownEventType, ev.Type), "", 0)
+	}
+	if route.Validate != nil {
+		if err := callValidate(route.Validate, ev); err != nil {
+			c := ClassOf(err)
+			if c == ClassUnknown {
+				c = ClassData
+			}
+			return p.fail(ctx, m, ev, c, err)
+		}
+	}
+	return p.apply(ctx, m, ev, route)
+}
+
+func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route) Outcome {
+	g := p.cfg.Group
+	tx, err := p.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: begin: %w", err))
+	}
+	done := false
+	rollback := func() {
+		if !done {
+			done = true
+			_ = tx.Rollback()
+		}
+	}
+	defer rollback()
+
+	// 1. The dedup row, first and in one statement: a concurrent delivery of
+	// the same event blocks here on the row lock until this tx ends.
+	if _, err := tx.ExecContext(ctx, p.q.insertLog, g, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes); err != nil {
+		rollback()
+		if !isDuplicateKey(err) {
+			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: insert consume log: %w", err))
+		}
+		var existing string
+		if err := p.db.GetContext(ctx, &existing, p.q.selectLogHash, g, ev.ID); err != nil {
+			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: read consume log: %w", err))
+		}
+		if existing == ev.PayloadHash {
+			p.stats.duplicates.Add(1)
+			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerDedupHits }, g, p.typeLabel(ev))
+			p.count(ev, ResultDuplicate)
+			return Outcome{Result: ResultDuplicate, EventID: ev.ID}
+		}
+		err := fmt.Errorf("%w: event %s applied with payload hash %s, redelivered with %s", ErrConflict, ev.ID, existing, ev.PayloadHash)
+		return p.park(ctx, m, ev, ClassConflict, err, existing, 0)
+	}
+
+	// 2. The version guard.
+	mode := route.Version
+	if mode == VersionInherit {
+		mode = p.cfg.VersionMode
+	}
+	if mode != VersionNone && ev.AggregateType != "" && ev.AggregateVersion > 0 {
+		v, err := p.guard(ctx, tx, ev, mode)
+		if err != nil {
+			rollback()
+			return p.fail(ctx, m, ev, ClassTransient, err)
+		}
+		switch v {
+		case verdictStale:
+			if _, err := tx.ExecContext(ctx, p.q.markStale, g, ev.ID); err != nil {
+				rollback()
+				return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: mark stale: %w", err))
+			}
+			if err := p.commit(tx, &done); err != nil {
+				return p.fail(ctx, m, ev, ClassTransient, err)
+			}
+			p.stats.stale.Add(1)
+			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerStale }, g, p.typeLabel(ev))
+			p.count(ev, ResultStale)
+			p.cfg.Logger.WithFields(p.fields(ev)).Debug("consumer: stale aggregate version skipped")
+			return Outcome{Result: ResultStale, EventID: ev.ID}
+		case verdictGap:
+			rollback()
+			p.stats.gaps.Add(1)
+			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerGaps }, g, p.typeLabel(ev))
+			return p.fail(ctx, m, ev, ClassWait, fmt.Errorf("%w: %s/%s version %d", ErrVersionGap, ev.AggregateType, ev.AggregateID, ev.AggregateVersion))
+		}
+	}
+
+	// 3. The handler, in the same transaction.
+	ref := &resultRef{}
+	if err := callHandler(context.WithValue(ctx, resultRefKey{}, ref), route.Handler, tx, ev); err != nil {
+		rollback()
+		return p.fail(ctx, m, ev, ClassOf(err), err)
+	}
+	if ref.ref != "" {
+		if _, err := tx.ExecContext(ctx, p.q.setResultRef, ref.ref, g, ev.ID); err != nil {
+			rollback()
+			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
+		}
+	}
+	if ev.Delivery.ReconsumeTimes > 0 {
+		// Earlier attempts failed: their bookkeeping goes with the success.
+		if _, err := tx.ExecContext(ctx, p.q.deleteAttempt, g, ev.ID); err != nil {
+			rollback()
+			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: clear attempts: %w", err))
+		}
+	}
+	// 4. Commit. A commit error is ambiguous; the redelivery finds out (a
+	// dedup hit if it did commit).
+	if err := p.commit(tx, &done); err != nil {
+		return p.fail(ctx, m, ev, ClassTransient, err)
+	}
+	failpoint.Inject(failpoint.AfterConsumeCommit)
+	p.stats.applied.Add(1)
+	p.count(ev, ResultApplied)
+	if p.cfg.Metrics != nil && !ev.Delivery.StoredAt.IsZero() {
+		p.cfg.Metrics.ConsumerLag.WithLabelValues(g).Observe(time.Since(ev.Delivery.StoredAt).Seconds())
+	}
+	return Outcome{Result: ResultApplied, EventID: ev.ID}
+}
+
+func (p *Processor) commit(tx *sqlx.Tx, done *bool) error {
+	*done = true
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("consumer: commit: %w", err)
+	}
+	return nil
+}
+
+type verdict int
+
+const (
+	verdictApply verdict = iota
+	verdictStale
+	verdictGap
+)
+
+// guard locks the aggregate's version row, decides, and moves the version
+// forward when the event applies. Two events of one aggregate serialize on
+// that row. The row is created (or locked, if it exists) by one upsert that
+// takes the exclusive lock at once: SELECT-then-INSERT would deadlock when
+// several first events of one aggregate race (shared locks on the duplicate
+// key, then each asks for an exclusive one). Version 0 means "none applied".
+func (p *Processor) guard(ctx context.Context, tx *sqlx.Tx, ev Event, mode VersionMode) (verdict, error) {
+	g, v := p.cfg.Group, ev.AggregateVersion
+	if _, err := tx.ExecContext(ctx, p.q.lockVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
+		return 0, fmt.Errorf("consumer: lock aggregate version: %w", err)
+	}
+	var last int64
+	if err := tx.GetContext(ctx, &last, p.q.selectVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
+		return 0, fmt.Errorf("consumer: read aggregate version: %w", err)
+	}
+	switch {
+	case mode == VersionStrict && last == 0:
+		if v < p.cfg.StrictFirstVersion {
+			return verdictStale, nil
+		}
+		if v > p.cfg.StrictFirstVersion {
+			return verdictGap, nil
+		}
+	case v <= last:
+		return verdictStale, nil
+	case mode == VersionStrict && v != last+1:
+		return verdictGap, nil
+	}
+	if _, err := tx.ExecContext(ctx, p.q.updateVersion, v, ev.ID, g, ev.AggregateType, ev.AggregateID); err != nil {
+		return 0, fmt.Errorf("consumer: update aggregate version: %w", err)
+	}
+	return verdictApply, nil
+}
+
+// bookkeeping gives retry and park writes their own deadline: they must run
+// even when the message's context has expired.
+func bookkeeping(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+}
+
+// fail handles a failed attempt whose transaction has been rolled back.
+func (p *Processor) fail(ctx context.Context, m Message, ev Event, c Class, err error) Outcome {
+	if !c.Retryable() {
+		return p.park(ctx, m, ev, c, err, "", 0)
+	}
+	bctx, cancel := bookkeeping(ctx)
+	defer cancel()
+	text := clip(p.cfg.RedactText(err.Error()), 2000)
+	attempts := ev.Delivery.ReconsumeTimes + 1
+	_, rerr := p.db.ExecContext(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text, string(c), text)
+	if rerr == nil {
+		rerr = p.db.GetContext(bctx, &attempts, p.q.selectAttempt, p.cfg.Group, ev.ID)
+	}
+	limit := p.cfg.MaxRetries
+	if c == ClassWait {
+		limit = p.cfg.MaxWaits
+	}
+	if rerr == nil && attempts > limit {
+		return p.park(ctx, m, ev, c, fmt.Errorf("%w (%d attempts): %w", ErrRetryLimit, attempts, err), "", attempts)
+	}
+	if rerr != nil {
+		// Without the count the broker's reconsume limit still bounds it.
+		p.cfg.Logger.WithFields(p.fields(ev)).WithError(rerr).Warn("consumer: cannot record a failed attempt")
+	}
+	level := p.cfg.DelayLevel(c, attempts)
+	p.stats.retries.Add(1)
+	metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerRetries }, p.cfg.Group, p.typeLabel(ev), string(c))
+	res := ResultRetry
+	if errors.Is(err, ErrVersionGap) {
+		p.count(ev, "gap")
+	} else {
+		p.count(ev, res)
+	}
+	p.cfg.Logger.WithFields(p.fields(ev)).WithField("class", c).WithField("attempt", attempts).
+		WithField("error", text).Debug("consumer: attempt failed, redelivery requested")
+	return Outcome{Result: res, EventID: ev.ID, Class: c, Err: err, Attempt: attempts, DelayLevel: level}
+}
+
+// park stores a dead letter and returns an ACKable outcome, or a retry when
+// the dead letter could not be stored (nothing is ACKed unstored).
+func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, cause error, existingHash string, attempts int) Outcome {
+	bctx, cancel := bookkeeping(ctx)
+	defer cancel()
+	payload := ev.Payload
+	redacted := false
+	if p.cfg.Redact != nil {
+		payload = p.cfg.Redact(append([]byte(nil), payload...))
+		redacted = true
+	}
+	props, _ := json.Marshal(replayProperties(m.Properties))
+	var existing any
+	if existingHash != "" {
+		existing = existingHash
+	}
+	text := clip(p.cfg.RedactText(cause.Error()), 8000)
+	d := m.Delivery
+	args := []any{
+		// INSERT values
+		p.cfg.Group, clip(d.Topic, 255), d.QueueID, d.QueueOffset, clip(d.MsgID, 128), clip(ev.ID, 128),
+		clip(ev.Type, 128), clip(ev.BusinessKey, 128), string(c), text, payload, redacted,
+		ev.PayloadHash, existing, string(props), d.ReconsumeTimes,
+		// ON DUPLICATE KEY UPDATE values
+		clip(d.Topic, 255), d.QueueID, d.QueueOffset, clip(d.MsgID, 128), string(c), text, payload, redacted,
+		existing, string(props), d.ReconsumeTimes,
+	}
+	res, err := p.db.ExecContext(bctx, p.q.upsertDeadLetterSQL, args...)
+	var id int64
+	if err == nil {
+		id, err = res.LastInsertId()
+	}
+	if err != nil {
+		p.cfg.Logger.WithFields(p.fields(ev)).WithError(err).Error("consumer: cannot park a message; it will be redelivered")
+		p.stats.retries.Add(1)
+		metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerRetries }, p.cfg.Group, p.typeLabel(ev), string(ClassTransient))
+		p.count(ev, ResultRetry)
+		return Outcome{Result: ResultRetry, EventID: ev.ID, Class: ClassTransient, Err: fmt.Errorf("consumer: park: %w", err),
+			Attempt: attempts, DelayLevel: p.cfg.DelayLevel(ClassTransient, max(attempts, d.ReconsumeTimes+1))}
+	}
+	if attempts > 0 || d.ReconsumeTimes > 0 {
+		_, _ = p.db.ExecContext(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID)
+	}
+	p.stats.parked.Add(1)
+	metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerDeadLetters }, p.cfg.Group, p.typeLabel(ev), string(c))
+	result := ResultParked
+	if c == ClassConflict {
+		result = ResultConflict
+		p.stats.conflicts.Add(1)
+		metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerConflicts }, p.cfg.Group, p.typeLabel(ev))
+	}
+	p.count(ev, result)
+	p.cfg.Logger.WithFields(p.fields(ev)).WithField("class", c).WithField("dead_letter_id", id).
+		WithField("error", text).Warn("consumer: message parked as a dead letter")
+	return Outcome{Result: result, EventID: ev.ID, Class: c, Err: cause, Attempt: attempts, DeadLetterID: id}
+}
+
+func upsertDeadLetter(table string) string {
+	return "INSERT INTO " + table + " (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key," +
+		" error_class, error_text, payload, payload_redacted, request_hash, existing_hash, properties, reconsume_times," +
+		" park_count, status, first_seen_at, last_seen_at)" +
+		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, '" + DeadLetterParked + "', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
+		" ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), topic = ?, queue_id = ?, queue_offset = ?, msg_id = ?," +
+		" error_class = ?, error_text = ?, payload = ?, payload_redacted = ?, existing_hash = ?, properties = ?," +
+		" reconsume_times = ?, park_count = park_count + 1," +
+		" status = IF(status = '" + DeadLetterDiscarded + "', status, '" + DeadLetterParked + "'), last_seen_at = UTC_TIMESTAMP(6)"
+}
+
+// replayProperties keeps what a replay needs to re-publish the message with
+// its original identity: the rmqtx envelope and headers, keys and tags.
+func replayProperties(props map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range props {
+		switch {
+		case k == propReconsume:
+		case strings.HasPrefix(k, "RMQTX_"), strings.HasPrefix(k, envelope.HeaderPrefix), k == "KEYS", k == "TAGS":
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// malformedEvent builds what can be known of a message whose envelope does
+// not decode, for the dead letter. Its id falls back to "msgid:<msg id>".
+func malformedEvent(m Message) Event {
+	id := m.Properties[envelope.PropEventID]
+	if id == "" || len(id) > envelope.MaxIDLen || !utf8.ValidString(id) {
+		msgID := m.Delivery.MsgID
+		if msgID == "" {
+			msgID = envelope.Hash(m.Body)[:32]
+		}
+		id = "msgid:" + msgID
+	}
+	return Event{
+		ID:          id,
+		Type:        m.Properties[envelope.PropEventType],
+		BusinessKey: m.Properties[envelope.PropBusinessKey],
+		Payload:     m.Body,
+		PayloadHash: envelope.Hash(m.Body),
+		Delivery:    m.Delivery,
+	}
+}
+
+func (p *Processor) typeLabel(ev Event) string {
+	if _, ok := p.cfg.Routes[ev.Type]; ok {
+		return ev.Type
+	}
+	return "_unrouted" // bounded label values: never an arbitrary type from the wire
+}
+
+func (p *Processor) count(ev Event, r Result) {
+	metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerProcessed }, p.cfg.Group, p.typeLabel(ev), string(r))
+}
+
+func (p *Processor) fields(ev Event) logrus.Fields {
+	return logrus.Fields{"consumer_group": p.cfg.Group, "event_id": ev.ID, "event_type": ev.Type,
+		"topic": ev.Delivery.Topic, "queue_id": ev.Delivery.QueueID, "queue_offset": ev.Delivery.QueueOffset}
+}
+
+func callHandler(ctx context.Context, h Handler, tx *sqlx.Tx, ev Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+		}
+	}()
+	return h(ctx, tx, ev)
+}
+
+func callValidate(v func(Event) error, ev Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = BadData(fmt.Errorf("validate panicked: %v", r))
+		}
+	}()
+	return v(ev)
+}
+
+func isDuplicateKey(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1062
+}
+
+// clip makes s valid UTF-8 of at most n characters, to fit its column.
+func clip(s string, n int) string {
+	s = strings.ToValidUTF8(s, "?")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n])
+}

@@ -1,0 +1,42 @@
+// Package outbox is rmqtx's polling outbox: an event written in the same
+// database transaction as the business change, then delivered by one or more
+// dispatchers.
+//
+// Why a polling outbox beside the transactional producer: events that must
+// keep their order per aggregate, sends that must reach normal topics while
+// the transactional path is unavailable, and, above all, external side effects
+// (HTTP, SMS, payment gateways) that cannot join a database transaction. For
+// those, a consumer writes a command row in its own transaction and a
+// dispatcher with a FuncSink calls the external system later, passing the
+// event id as the idempotency key (the "command outbox", §16 of the reference
+// text).
+//
+// The life of a row:
+//
+//	PENDING -> SENDING -> SENT
+//	              |
+//	            RETRY -> SENDING ...
+//	              |
+//	            DEAD
+//
+// Enqueue inserts a PENDING row inside the caller's transaction. A Dispatcher
+// claims a batch in a short transaction (SELECT ... FOR UPDATE SKIP LOCKED,
+// then UPDATE to SENDING with a fresh owner token and a lease), commits, and
+// only then sends. It marks the outcome with an update conditioned on its
+// owner token, so a dispatcher that lost its lease never overwrites the row's
+// newer owner. A row whose lease expired is taken over by any dispatcher.
+// Because "the broker has it" and "the row says SENT" are two systems, a crash
+// between them sends the event again: delivery is at least once and consumers
+// deduplicate by event id.
+//
+// Order per aggregate: a dispatcher only claims the head of an aggregate, the
+// row with the lowest aggregate version that is not yet SENT or DEAD. The next
+// version becomes claimable once its predecessor is SENT (or DEAD), so any
+// number of dispatchers keep the order, and the RocketMQ sink routes every
+// version of an aggregate to the same queue.
+//
+// Errors from a Sink are classified (Permanent, Unknown, Transient): a
+// permanent error makes the row DEAD at once; an unknown result or a
+// transient error schedules a RETRY with exponential backoff and full jitter,
+// up to Config.MaxRetries, after which the row is DEAD.
+package outbox

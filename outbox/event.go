@@ -1,0 +1,118 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+)
+
+// Status is the state of an outbox row.
+type Status string
+
+// Row states. PENDING and RETRY rows are due at next_retry_at; SENDING rows
+// belong to owner_token until lease_until; SENT and DEAD are terminal.
+const (
+	StatusPending Status = "PENDING"
+	StatusSending Status = "SENDING"
+	StatusSent    Status = "SENT"
+	StatusRetry   Status = "RETRY"
+	StatusDead    Status = "DEAD"
+)
+
+// Limits checked by Enqueue; they match the column sizes.
+const (
+	MaxDestinationLen = 128
+	MaxPayloadLen     = 1<<24 - 1 // MEDIUMBLOB
+	maxErrorMessage   = 512
+	maxErrorCode      = 64
+)
+
+// Event is one outbox row as the caller writes it. The envelope fields travel
+// with the message (see internal/envelope); Destination says where the sink
+// sends it (a topic for RocketMQSink, any name for a FuncSink).
+type Event struct {
+	// EventID is the stable id consumers deduplicate on and the idempotency
+	// key of a command. Default: a new time-ordered id (UUIDv7). Supply it
+	// yourself when the business operation may be retried.
+	EventID string
+	// EventType names the event contract, for example "PaymentSucceeded".
+	// Required.
+	EventType string
+	// EventVersion is the contract version (0 when unversioned).
+	EventVersion int
+	// AggregateType and AggregateID name the business object; set both or
+	// neither. Events of one aggregate are sent in AggregateVersion order.
+	AggregateType string
+	AggregateID   string
+	// AggregateVersion orders the events of one aggregate.
+	AggregateVersion int64
+	// Destination is the topic (RocketMQSink) or sink-specific target.
+	// Required, at most 128 bytes.
+	Destination string
+	// MessageKey is the business key: a RocketMQ key (beside the event id)
+	// and the envelope's business key. Optional.
+	MessageKey string
+	// Payload is the message body, at most 16 MiB - 1. Keep secrets out of
+	// it: rows are long-lived copies.
+	Payload []byte
+	// Headers travel as user properties (envelope.HeaderPrefix + name).
+	Headers map[string]string
+}
+
+// Envelope returns the wire envelope of the event.
+func (e Event) Envelope() envelope.Envelope {
+	return envelope.Envelope{
+		EventID:          e.EventID,
+		EventType:        e.EventType,
+		EventVersion:     e.EventVersion,
+		AggregateType:    e.AggregateType,
+		AggregateID:      e.AggregateID,
+		AggregateVersion: e.AggregateVersion,
+		BusinessKey:      e.MessageKey,
+		Headers:          e.Headers,
+	}
+}
+
+// Validate checks the event as Enqueue does (after the event id default).
+// Errors wrap ErrInvalidEvent and, for envelope fields, envelope.ErrInvalid.
+func (e Event) Validate() error {
+	if err := e.Envelope().Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidEvent, err)
+	}
+	if e.Destination == "" {
+		return fmt.Errorf("%w: destination is required", ErrInvalidEvent)
+	}
+	if len(e.Destination) > MaxDestinationLen || !utf8.ValidString(e.Destination) {
+		return fmt.Errorf("%w: destination must be valid UTF-8 of at most %d bytes", ErrInvalidEvent, MaxDestinationLen)
+	}
+	if len(e.Payload) > MaxPayloadLen {
+		return fmt.Errorf("%w: payload is %d bytes, more than %d", ErrInvalidEvent, len(e.Payload), MaxPayloadLen)
+	}
+	return nil
+}
+
+// Row is an outbox row as stored, for inspection (Table.Get) and tooling.
+type Row struct {
+	Event
+	Status           Status
+	OwnerToken       string
+	LeaseUntil       time.Time // zero when not SENDING
+	RetryCount       int
+	NextRetryAt      time.Time
+	LastErrorCode    string
+	LastErrorMessage string
+	CreatedAt        time.Time
+	SentAt           time.Time // zero until SENT
+	UpdatedAt        time.Time
+}
+
+// isDuplicateKey reports a MySQL/MariaDB duplicate-key error (1062).
+func isDuplicateKey(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1062
+}

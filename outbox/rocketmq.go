@@ -1,0 +1,229 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+)
+
+// RocketMQConfig configures a RocketMQSink.
+type RocketMQConfig struct {
+	// NameServers lists the name servers ("127.0.0.1:9876"). Required: the
+	// client's default resolver (an HTTP endpoint) is never used.
+	NameServers []string
+	// Group is the producer group. Default "rmqtx_outbox". Keep it distinct
+	// from transactional producer groups (rocketmq-client-go #998).
+	Group string
+	// InstanceName names the client. Default: "rmqtx-outbox-" plus a random
+	// suffix, so every sink has its own client (the Go client shares clients
+	// by instance name within a process).
+	InstanceName string
+	// SendTimeout bounds one send request. Default 3s. A send that times out
+	// is an unknown result and is retried by the dispatcher.
+	SendTimeout time.Duration
+	// Retries is how often the client itself retries a failed send before
+	// returning. Default 0: the dispatcher retries with backoff instead, and
+	// a permanent error is not repeated.
+	Retries int
+	// Logger receives the client's logs (routed once per process through
+	// internal/rmqlog). Default: quiet.
+	Logger logrus.FieldLogger
+}
+
+// RocketMQSink sends outbox rows as normal RocketMQ messages with SendSync.
+//
+// Each message carries the envelope properties (internal/envelope), the keys
+// [message key, event id], the event type as tag, and a sharding key (the
+// aggregate, else the message key) from which the queue is chosen by hash:
+// every event of one aggregate lands on one queue, so an orderly consumer sees
+// them in the order the dispatcher sent them.
+//
+// Error classes: topic missing at the broker, no permission and message
+// illegal (codes 17, 16, 13) and an invalid topic name are permanent; a
+// timeout, a lost connection or a non-OK store status (flush or slave
+// timeout) is unknown; everything else, including "no route to topic", is
+// transient. The client cannot tell "the name server and brokers are down"
+// from "the topic is missing and auto-create is off": both surface as no
+// route, so no route is retried (bounded by MaxRetries), never DEAD at once.
+type RocketMQSink struct {
+	p         rocketmq.Producer
+	closeOnce sync.Once
+}
+
+// NewRocketMQSink creates and starts a producer. Close it after the
+// dispatchers using it are shut down.
+func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
+	if len(cfg.NameServers) == 0 {
+		return nil, fmt.Errorf("%w: RocketMQConfig.NameServers is required", ErrInvalidConfig)
+	}
+	if cfg.Group == "" {
+		cfg.Group = "rmqtx_outbox"
+	}
+	if cfg.InstanceName == "" {
+		cfg.InstanceName = "rmqtx-outbox-" + randomSuffix()
+	}
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = 3 * time.Second
+	}
+	if cfg.Retries < 0 {
+		cfg.Retries = 0
+	}
+	rmqlog.Install(cfg.Logger)
+	p, err := rocketmq.NewProducer(
+		producer.WithNsResolver(primitive.NewPassthroughResolver(cfg.NameServers)),
+		producer.WithGroupName(cfg.Group),
+		producer.WithInstanceName(cfg.InstanceName),
+		producer.WithSendMsgTimeout(cfg.SendTimeout),
+		producer.WithRetry(cfg.Retries),
+		producer.WithQueueSelector(producer.NewHashQueueSelector()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: rocketmq producer: %w", err)
+	}
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("outbox: start rocketmq producer: %w", err)
+	}
+	return &RocketMQSink{p: p}, nil
+}
+
+// topicRE is RocketMQ's topic name rule (TopicValidator, 5.x).
+var topicRE = regexp.MustCompile(`^[%|a-zA-Z0-9_-]{1,127}$`)
+
+// ShardingKey is the key the RocketMQ sink hashes to choose a queue: the
+// aggregate ("type/id"), else the message key, else "" (any queue).
+func ShardingKey(e Event) string {
+	if e.AggregateID != "" {
+		return e.AggregateType + "/" + e.AggregateID
+	}
+	return e.MessageKey
+}
+
+// RocketMQMessage builds the RocketMQ message for m (exported for tools that
+// re-publish rows by hand, such as a replay).
+func RocketMQMessage(m *Message) *primitive.Message {
+	msg := primitive.NewMessage(m.Destination, m.Payload)
+	msg.WithProperties(m.Envelope().Properties(m.Payload))
+	keys := []string{m.EventID}
+	if m.MessageKey != "" {
+		keys = []string{m.MessageKey, m.EventID}
+	}
+	msg.WithKeys(keys)
+	msg.WithTag(m.EventType)
+	if k := ShardingKey(m.Event); k != "" {
+		msg.WithShardingKey(k)
+	}
+	return msg
+}
+
+// Send sends m with SendSync and classifies the outcome.
+func (s *RocketMQSink) Send(ctx context.Context, m *Message) error {
+	if !topicRE.MatchString(m.Destination) {
+		return NewSendError(ClassPermanent, "invalid_destination",
+			fmt.Errorf("%w: %q is not a valid RocketMQ topic name", ErrInvalidDestination, m.Destination))
+	}
+	if err := m.Envelope().Validate(); err != nil {
+		return NewSendError(ClassPermanent, "invalid_envelope", fmt.Errorf("%w: %w", ErrMessageIllegal, err))
+	}
+	res, err := s.p.SendSync(ctx, RocketMQMessage(m))
+	if err != nil {
+		return classifyRocketMQ(ctx, err)
+	}
+	if res == nil {
+		return NewSendError(ClassUnknown, "no_result", errors.New("outbox: rocketmq returned no send result"))
+	}
+	switch res.Status {
+	case primitive.SendOK:
+		return nil
+	case primitive.SendFlushDiskTimeout:
+		return NewSendError(ClassUnknown, "flush_disk_timeout", errors.New("outbox: rocketmq: flush disk timeout"))
+	case primitive.SendFlushSlaveTimeout:
+		return NewSendError(ClassUnknown, "flush_slave_timeout", errors.New("outbox: rocketmq: flush slave timeout"))
+	case primitive.SendSlaveNotAvailable:
+		return NewSendError(ClassUnknown, "slave_not_available", errors.New("outbox: rocketmq: slave not available"))
+	default:
+		return NewSendError(ClassUnknown, "send_status_"+strconv.Itoa(int(res.Status)),
+			fmt.Errorf("outbox: rocketmq: send status %d", res.Status))
+	}
+}
+
+// Close shuts the producer down. Idempotent.
+func (s *RocketMQSink) Close() error {
+	var err error
+	s.closeOnce.Do(func() { err = s.p.Shutdown() })
+	if err != nil {
+		return fmt.Errorf("outbox: rocketmq shutdown: %w", err)
+	}
+	return nil
+}
+
+var codeRE = regexp.MustCompile(`CODE: (\d+)`)
+
+// Broker response codes (org.apache.rocketmq.remoting.protocol.ResponseCode).
+const (
+	codeMessageIllegal = 13
+	codeNoPermission   = 16
+	codeTopicNotExist  = 17
+)
+
+// classifyRocketMQ maps the Go client's errors, which carry no types beyond a
+// few sentinels, to SendErrors. The client formats broker refusals as
+// "CODE: <n>  DESC: <remark>".
+func classifyRocketMQ(ctx context.Context, err error) error {
+	wrap := func(class Class, code string, sentinel error) error {
+		if sentinel != nil {
+			return NewSendError(class, code, fmt.Errorf("%w: rocketmq: %w", sentinel, err))
+		}
+		return NewSendError(class, code, fmt.Errorf("outbox: rocketmq: %w", err))
+	}
+	msg := err.Error()
+	if sm := codeRE.FindStringSubmatch(msg); sm != nil {
+		code, _ := strconv.Atoi(sm[1])
+		switch code {
+		case codeTopicNotExist:
+			return wrap(ClassPermanent, "topic_not_exist", ErrTopicNotExist)
+		case codeNoPermission:
+			return wrap(ClassPermanent, "no_permission", ErrNoPermission)
+		case codeMessageIllegal:
+			return wrap(ClassPermanent, "message_illegal", ErrMessageIllegal)
+		default:
+			return wrap(ClassTransient, "broker_code_"+sm[1], nil)
+		}
+	}
+	var nerr net.Error
+	switch {
+	case errors.Is(err, rmqerrors.ErrRequestTimeout), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &nerr) && nerr.Timeout():
+		return wrap(ClassUnknown, "timeout", ErrSendTimeout)
+	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		return wrap(ClassUnknown, "canceled", nil)
+	case strings.Contains(msg, "route info not found"):
+		return wrap(ClassTransient, "no_route", ErrNoRoute)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		// nothing received the request
+		return wrap(ClassTransient, "connection_refused", nil)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
+		// the request may have reached the broker
+		return wrap(ClassUnknown, "connection_lost", nil)
+	case errors.Is(err, rmqerrors.ErrNotRunning):
+		return wrap(ClassTransient, "not_running", nil)
+	default:
+		return wrap(ClassTransient, "", nil)
+	}
+}

@@ -1,0 +1,34 @@
+package outbox
+
+import "context"
+
+// Message is what a dispatcher hands to a Sink: the event as stored plus the
+// attempt number.
+type Message struct {
+	Event
+	// Attempt counts sends of this row, starting at 1. A lease takeover or a
+	// crash can make two attempts carry the same number.
+	Attempt int
+}
+
+// IdempotencyKey is the key an external system deduplicates on: the event
+// id, identical on every resend.
+func (m *Message) IdempotencyKey() string { return m.EventID }
+
+// Sink delivers one message. It returns nil only when the receiver has the
+// message. Errors are classified with Permanent, Transient and Unknown (or a
+// *SendError); unclassified errors are transient. Send must honour ctx: the
+// dispatcher bounds each send with Config.SendTimeout and cancels in-flight
+// sends when Shutdown's context ends. Send is called concurrently.
+type Sink interface {
+	Send(ctx context.Context, m *Message) error
+}
+
+// FuncSink adapts a function to Sink. It is the command outbox: the function
+// calls an external system (HTTP, SMS, payment gateway) and passes
+// m.IdempotencyKey() so a resend after a crash or a lost response is absorbed
+// by the receiver. Use FromHTTPStatus to classify HTTP responses.
+type FuncSink func(ctx context.Context, m *Message) error
+
+// Send calls f.
+func (f FuncSink) Send(ctx context.Context, m *Message) error { return f(ctx, m) }

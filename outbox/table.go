@@ -1,0 +1,326 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
+)
+
+// DefaultPrefix is the table prefix used when none is configured.
+const DefaultPrefix = "rmqtx_"
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Execer is what Enqueue needs from the caller's transaction: *sql.Tx and
+// *sqlx.Tx both satisfy it. Pass the transaction that holds the business
+// change; passing a *sql.DB works but loses the atomicity the outbox is for.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Table is the outbox table under one prefix. It is a cheap value with no
+// connection of its own; the zero value is not usable, use NewTable.
+type Table struct {
+	name   string // prefix + "outbox"
+	schema string // prefix + "outbox_schema"
+}
+
+// NewTable returns the outbox table <prefix>outbox. An empty prefix means
+// DefaultPrefix. The prefix is validated with internal/sqlname.
+func NewTable(prefix string) (Table, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	name, err := sqlname.Table(prefix, "outbox")
+	if err != nil {
+		return Table{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return Table{name: name, schema: name + "_schema"}, nil
+}
+
+// Name returns the table name, for example "rmqtx_outbox".
+func (t Table) Name() string { return t.name }
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("outbox: read migrations: %w", err)
+	}
+	var out []migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("outbox: migration %q has no version prefix", e.Name())
+		}
+		b, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("outbox: read migration: %w", err)
+		}
+		out = append(out, migration{version: v, name: e.Name(), sql: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}
+
+// statements splits a migration into statements: comment lines dropped, a
+// statement ends with a line ending in ';'.
+func statements(src, table string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.ReplaceAll(strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"), "{{table}}", table))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, strings.ReplaceAll(s, "{{table}}", table))
+	}
+	return out
+}
+
+// Migrate creates or upgrades the outbox table. It is idempotent and safe to
+// run from several processes at once: migrations are serialized with a named
+// lock (GET_LOCK) and recorded in <prefix>outbox_schema. Works on MariaDB
+// 10.6+ and MySQL 8.
+func (t Table) Migrate(ctx context.Context, db *sqlx.DB) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.GetContext(ctx, &got, "SELECT GET_LOCK(?, 60)", "rmqtx_migrate_"+t.name); err != nil {
+		return fmt.Errorf("outbox: migrate lock: %w", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("outbox: migrate: could not take lock rmqtx_migrate_%s within 60s", t.name)
+	}
+	defer func() {
+		// Release on a fresh context: the caller's may be done.
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = conn.ExecContext(rctx, "SELECT RELEASE_LOCK(?)", "rmqtx_migrate_"+t.name)
+	}()
+	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+t.schema+` (
+    version    INT          NOT NULL,
+    name       VARCHAR(128) NOT NULL,
+    applied_at DATETIME(6)  NOT NULL,
+    PRIMARY KEY (version)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin`); err != nil {
+		return fmt.Errorf("outbox: migrate: create %s: %w", t.schema, err)
+	}
+	var applied []int
+	if err := conn.SelectContext(ctx, &applied, "SELECT version FROM "+t.schema); err != nil {
+		return fmt.Errorf("outbox: migrate: read %s: %w", t.schema, err)
+	}
+	done := map[int]bool{}
+	for _, v := range applied {
+		done[v] = true
+	}
+	for _, m := range ms {
+		if done[m.version] {
+			continue
+		}
+		for _, stmt := range statements(m.sql, t.name) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("outbox: migrate %s: %w", m.name, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+t.schema+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
+			m.version, m.name); err != nil {
+			return fmt.Errorf("outbox: migrate: record %s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+// Migrate creates or upgrades the outbox table <prefix>outbox (empty prefix:
+// DefaultPrefix). See Table.Migrate.
+func Migrate(ctx context.Context, db *sqlx.DB, prefix string) error {
+	t, err := NewTable(prefix)
+	if err != nil {
+		return err
+	}
+	return t.Migrate(ctx, db)
+}
+
+// Enqueue writes e as a PENDING row inside the caller's transaction tx and
+// returns its event id (generated when e.EventID is empty). The row becomes
+// visible to dispatchers when tx commits; call Dispatcher.Notify after the
+// commit to send it at once instead of at the next poll.
+func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) {
+	if tx == nil {
+		return "", fmt.Errorf("%w: nil transaction", ErrInvalidEvent)
+	}
+	if e.EventID == "" {
+		e.EventID = envelope.NewEventID()
+	}
+	if err := e.Validate(); err != nil {
+		return "", err
+	}
+	var headers sql.NullString
+	if len(e.Headers) > 0 {
+		b, err := json.Marshal(e.Headers)
+		if err != nil {
+			return "", fmt.Errorf("%w: headers: %w", ErrInvalidEvent, err)
+		}
+		headers = sql.NullString{String: string(b), Valid: true}
+	}
+	payload := e.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+t.name+` (event_id, aggregate_type, aggregate_id, aggregate_version,
+  event_type, event_version, destination, message_key, payload, headers, status, retry_count,
+  next_retry_at, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`,
+		e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion,
+		e.EventType, e.EventVersion, e.Destination, e.MessageKey, payload, headers)
+	if err != nil {
+		if isDuplicateKey(err) {
+			return "", fmt.Errorf("%w: %s", ErrDuplicateEvent, e.EventID)
+		}
+		return "", fmt.Errorf("outbox: enqueue %s: %w", e.EventID, err)
+	}
+	return e.EventID, nil
+}
+
+var defaultTable = Table{name: DefaultPrefix + "outbox", schema: DefaultPrefix + "outbox_schema"}
+
+// Enqueue writes e into the default table (rmqtx_outbox) inside tx. See
+// Table.Enqueue.
+func Enqueue(ctx context.Context, tx Execer, e Event) (string, error) {
+	return defaultTable.Enqueue(ctx, tx, e)
+}
+
+// tsExpr renders a DATETIME(6) column as text so scanning does not depend
+// on the DSN's parseTime setting.
+func tsExpr(col string) string {
+	return "COALESCE(DATE_FORMAT(" + col + ", '%Y-%m-%d %H:%i:%s.%f'), '')"
+}
+
+func parseTS(s string) time.Time {
+	if s == "" {
+		return time.Time{}
+	}
+	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+type rowScan struct {
+	EventID          string         `db:"event_id"`
+	AggregateType    string         `db:"aggregate_type"`
+	AggregateID      string         `db:"aggregate_id"`
+	AggregateVersion int64          `db:"aggregate_version"`
+	EventType        string         `db:"event_type"`
+	EventVersion     int            `db:"event_version"`
+	Destination      string         `db:"destination"`
+	MessageKey       string         `db:"message_key"`
+	Payload          []byte         `db:"payload"`
+	Headers          sql.NullString `db:"headers"`
+	Status           string         `db:"status"`
+	OwnerToken       sql.NullString `db:"owner_token"`
+	RetryCount       int            `db:"retry_count"`
+	LastErrorCode    sql.NullString `db:"last_error_code"`
+	LastErrorMessage sql.NullString `db:"last_error_message"`
+	LeaseUntil       string         `db:"lease_until_s"`
+	NextRetryAt      string         `db:"next_retry_at_s"`
+	CreatedAt        string         `db:"created_at_s"`
+	SentAt           string         `db:"sent_at_s"`
+	UpdatedAt        string         `db:"updated_at_s"`
+}
+
+const eventColumns = `event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
+  destination, message_key, payload, headers, status, owner_token, retry_count`
+
+func (t Table) rowColumns() string {
+	return eventColumns + `, last_error_code, last_error_message, ` +
+		tsExpr("lease_until") + ` AS lease_until_s, ` + tsExpr("next_retry_at") + ` AS next_retry_at_s, ` +
+		tsExpr("created_at") + ` AS created_at_s, ` + tsExpr("sent_at") + ` AS sent_at_s, ` +
+		tsExpr("updated_at") + ` AS updated_at_s`
+}
+
+func (r rowScan) event() Event {
+	e := Event{
+		EventID: r.EventID, EventType: r.EventType, EventVersion: r.EventVersion,
+		AggregateType: r.AggregateType, AggregateID: r.AggregateID, AggregateVersion: r.AggregateVersion,
+		Destination: r.Destination, MessageKey: r.MessageKey, Payload: r.Payload,
+	}
+	if r.Headers.Valid && r.Headers.String != "" {
+		_ = json.Unmarshal([]byte(r.Headers.String), &e.Headers)
+	}
+	return e
+}
+
+func (r rowScan) row() Row {
+	return Row{
+		Event: r.event(), Status: Status(r.Status), OwnerToken: r.OwnerToken.String,
+		LeaseUntil: parseTS(r.LeaseUntil), RetryCount: r.RetryCount, NextRetryAt: parseTS(r.NextRetryAt),
+		LastErrorCode: r.LastErrorCode.String, LastErrorMessage: r.LastErrorMessage.String,
+		CreatedAt: parseTS(r.CreatedAt), SentAt: parseTS(r.SentAt), UpdatedAt: parseTS(r.UpdatedAt),
+	}
+}
+
+// Get returns the row of eventID, or an error wrapping ErrNotFound.
+func (t Table) Get(ctx context.Context, db sqlx.QueryerContext, eventID string) (Row, error) {
+	var r rowScan
+	err := sqlx.GetContext(ctx, db, &r, "SELECT "+t.rowColumns()+" FROM "+t.name+" WHERE event_id = ?", eventID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, eventID)
+	}
+	if err != nil {
+		return Row{}, fmt.Errorf("outbox: get %s: %w", eventID, err)
+	}
+	return r.row(), nil
+}
+
+// CountByStatus returns the number of rows in each status.
+func (t Table) CountByStatus(ctx context.Context, db sqlx.QueryerContext) (map[Status]int, error) {
+	var rows []struct {
+		Status string `db:"status"`
+		N      int    `db:"n"`
+	}
+	if err := sqlx.SelectContext(ctx, db, &rows, "SELECT status, COUNT(*) AS n FROM "+t.name+" GROUP BY status"); err != nil {
+		return nil, fmt.Errorf("outbox: count: %w", err)
+	}
+	out := map[Status]int{}
+	for _, r := range rows {
+		out[Status(r.Status)] = r.N
+	}
+	return out, nil
+}

@@ -1,0 +1,605 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/archive"
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+var errHelp = flag.ErrHelp
+
+// parse parses flags and positional arguments in any order.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageErr("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func newFlags(name string, stderr io.Writer, o *options, env func(string) string) *flag.FlagSet {
+	fs := flag.NewFlagSet("rmqtx "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.register(fs, env)
+	return fs
+}
+
+// open connects to the database. Errors never contain the DSN.
+func open(ctx context.Context, o *options) (*sqlx.DB, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	c, err := o.mysqlConfig()
+	if err != nil {
+		return nil, err
+	}
+	db, err := sqlx.Open("mysql", c.FormatDSN())
+	if err != nil {
+		return nil, fmt.Errorf("open database at %s: %w", c.Addr, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("connect to database %s at %s as %s: %w", c.DBName, c.Addr, c.User, err)
+	}
+	return db, nil
+}
+
+func (o *options) inspector(db *sqlx.DB, lookup bool) (*inspect.Inspector, error) {
+	now, err := o.clock()
+	if err != nil {
+		return nil, err
+	}
+	cfg := inspect.Config{DB: db, TablePrefix: o.prefix, Redact: inspect.ShowPrefix(o.redactPrefix), Now: now}
+	if lookup && (len(o.nameServers()) > 0 || o.broker != "") {
+		cfg.Broker = inspect.RemotingLookup{NameServer: o.nameServers(), Brokers: splitList(o.broker)}
+	}
+	return inspect.New(cfg)
+}
+
+func withTimeout(ctx context.Context, o *options) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, o.timeout)
+}
+
+func cmdConfig(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("config", stderr, &o, env)
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	if err := o.validate(); err != nil {
+		return 0, err
+	}
+	c, err := o.mysqlConfig()
+	if err != nil {
+		return 0, err
+	}
+	v := map[string]any{"dsn": maskedDSN(c), "namesrv": o.nameServers(), "broker": splitList(o.broker), "table_prefix": o.prefix, "redact_prefix": o.redactPrefix}
+	if o.json {
+		return exitOK, writeJSON(stdout, v)
+	}
+	w := newTable(stdout)
+	w.row("dsn", maskedDSN(c))
+	w.row("namesrv", strings.Join(o.nameServers(), ","))
+	w.row("broker", strings.Join(splitList(o.broker), ","))
+	w.row("table prefix", o.prefix)
+	w.row("redact prefix", strconv.Itoa(o.redactPrefix))
+	return exitOK, w.flush()
+}
+
+func cmdMigrate(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("migrate", stderr, &o, env)
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"txlog", func() error {
+			s, err := txlog.New(db, o.prefix)
+			if err != nil {
+				return err
+			}
+			return s.Migrate(ctx)
+		}},
+		{"outbox", func() error {
+			t, err := outbox.NewTable(o.prefix)
+			if err != nil {
+				return err
+			}
+			return t.Migrate(ctx, db)
+		}},
+		{"consumer", func() error { return consumer.Migrate(ctx, db, o.prefix) }},
+		{"replay audit", func() error {
+			r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix})
+			if err != nil {
+				return err
+			}
+			return r.Migrate(ctx)
+		}},
+	}
+	var done []string
+	for _, s := range steps {
+		if err := s.fn(); err != nil {
+			return 0, fmt.Errorf("%s: %w", s.name, err)
+		}
+		done = append(done, s.name)
+	}
+	if o.json {
+		return exitOK, writeJSON(stdout, map[string]any{"migrated": done})
+	}
+	for _, d := range done {
+		fmt.Fprintf(stdout, "migrated %s\n", d)
+	}
+	return exitOK, nil
+}
+
+func cmdInspect(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("inspect", stderr, &o, env)
+	key := fs.String("business-key", "", "inspect every event of this business key")
+	noBroker := fs.Bool("no-broker", false, "skip the broker lookup (done when a name server or broker is configured)")
+	limit := fs.Int("limit", 20, "at most this many events for --business-key")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return 0, err
+	}
+	if (*key == "") == (len(pos) != 1) || len(pos) > 1 {
+		return 0, usageErr("give exactly one event id, or --business-key K")
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	in, err := o.inspector(db, !*noBroker)
+	if err != nil {
+		return 0, err
+	}
+	now, _ := o.clock()
+	var views []inspect.EventView
+	if *key != "" {
+		views, err = in.BusinessKey(ctx, *key, *limit)
+	} else {
+		var v inspect.EventView
+		v, err = in.Event(ctx, pos[0])
+		views = []inspect.EventView{v}
+	}
+	notFound := errors.Is(err, inspect.ErrNotFound)
+	if err != nil && !notFound {
+		return 0, err
+	}
+	if o.json {
+		if err := writeJSON(stdout, views); err != nil {
+			return 0, err
+		}
+	} else {
+		if notFound {
+			fmt.Fprintf(stdout, "not found: %v\n", err)
+		}
+		for k, v := range views {
+			if notFound {
+				break
+			}
+			if k > 0 {
+				fmt.Fprintln(stdout)
+			}
+			if err := printEvent(stdout, v, now()); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if notFound {
+		return exitFindings, nil
+	}
+	for _, v := range views {
+		if needsAttention(v) {
+			return exitFindings, nil
+		}
+	}
+	return exitOK, nil
+}
+
+// needsAttention: something about the event is unfinished or failed.
+func needsAttention(v inspect.EventView) bool {
+	if !v.Found() || len(v.Attempts) > 0 || len(v.BrokerErrors) > 0 {
+		return true
+	}
+	if v.Outbox != nil && v.Outbox.Status != "SENT" {
+		return true
+	}
+	for _, d := range v.DeadLetters {
+		if d.Status == "PARKED" {
+			return true
+		}
+	}
+	return false
+}
+
+func cmdStuck(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("stuck", stderr, &o, env)
+	older := fs.Duration("older-than", time.Minute, "only work older than this")
+	limit := fs.Int("limit", 100, "at most this many rows per table")
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	in, err := o.inspector(db, false)
+	if err != nil {
+		return 0, err
+	}
+	rows, missing, err := in.Stuck(ctx, *older, *limit)
+	if err != nil {
+		return 0, err
+	}
+	if o.json {
+		err = writeJSON(stdout, map[string]any{"stuck": rows, "missing_tables": missing})
+	} else {
+		err = printStuck(stdout, rows, missing, *older)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) > 0 {
+		return exitFindings, nil
+	}
+	return exitOK, nil
+}
+
+// selectorFlags are the dead-letter selectors shared by dead list and replay.
+type selectorFlags struct {
+	ids                           string
+	group, topic, typ, key, class string
+	since, until                  string
+	status                        string
+	includeReplayed               bool
+	limit                         int
+}
+
+func (s *selectorFlags) register(fs *flag.FlagSet, withStatus bool) {
+	fs.StringVar(&s.ids, "id", "", "dead-letter ids, comma separated")
+	fs.StringVar(&s.group, "group", "", "consumer group")
+	fs.StringVar(&s.topic, "topic", "", "original topic")
+	fs.StringVar(&s.typ, "type", "", "event type")
+	fs.StringVar(&s.key, "key", "", "business key")
+	fs.StringVar(&s.class, "class", "", "error class (transient, wait, permanent, data, conflict, unknown)")
+	fs.StringVar(&s.since, "since", "", "first parked at or after (UTC, RFC 3339 or 2006-01-02 15:04:05)")
+	fs.StringVar(&s.until, "until", "", "first parked before (UTC)")
+	fs.IntVar(&s.limit, "limit", 100, "at most this many dead letters")
+	if withStatus {
+		fs.StringVar(&s.status, "status", "", "PARKED, REPLAYED or DISCARDED (default all)")
+	} else {
+		fs.BoolVar(&s.includeReplayed, "include-replayed", false, "also select dead letters already REPLAYED (sent again; the consumer dedups)")
+	}
+}
+
+func (s *selectorFlags) selector() (replay.Selector, error) {
+	sel := replay.Selector{ConsumerGroup: s.group, Topic: s.topic, EventType: s.typ, BusinessKey: s.key, ErrorClass: s.class,
+		IncludeReplayed: s.includeReplayed, Limit: s.limit}
+	for _, p := range splitList(s.ids) {
+		id, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || id <= 0 {
+			return sel, usageErr("--id: %q is not a dead-letter id", p)
+		}
+		sel.IDs = append(sel.IDs, id)
+	}
+	var err error
+	if sel.Since, err = parseTime(s.since); err != nil {
+		return sel, err
+	}
+	if sel.Until, err = parseTime(s.until); err != nil {
+		return sel, err
+	}
+	return sel, nil
+}
+
+func cmdDeadList(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("dead list", stderr, &o, env)
+	var sf selectorFlags
+	sf.register(fs, true)
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	sel, err := sf.selector()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	in, err := o.inspector(db, false)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := in.DeadLetters(ctx, inspect.DeadLetterFilter{ConsumerGroup: sel.ConsumerGroup, Status: sf.status, EventType: sel.EventType,
+		BusinessKey: sel.BusinessKey, ErrorClass: sel.ErrorClass, Since: sel.Since, Until: sel.Until, Limit: sel.Limit})
+	if err != nil {
+		return 0, err
+	}
+	if len(sel.IDs) > 0 || sel.Topic != "" {
+		rows = filterRows(rows, sel)
+	}
+	if o.json {
+		err = writeJSON(stdout, rows)
+	} else {
+		err = printDeadList(stdout, rows)
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range rows {
+		if r.Status == "PARKED" {
+			return exitFindings, nil
+		}
+	}
+	return exitOK, nil
+}
+
+func filterRows(rows []inspect.DeadLetterRow, sel replay.Selector) []inspect.DeadLetterRow {
+	out := rows[:0]
+	for _, r := range rows {
+		if sel.Topic != "" && r.Topic != sel.Topic {
+			continue
+		}
+		if len(sel.IDs) > 0 && !containsID(sel.IDs, r.ID) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func containsID(ids []int64, id int64) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func cmdDeadShow(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("dead show", stderr, &o, env)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return 0, err
+	}
+	if len(pos) != 1 {
+		return 0, usageErr("give one dead-letter id")
+	}
+	id, err := strconv.ParseInt(pos[0], 10, 64)
+	if err != nil {
+		return 0, usageErr("%q is not a dead-letter id", pos[0])
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	in, err := o.inspector(db, false)
+	if err != nil {
+		return 0, err
+	}
+	d, err := in.DeadLetter(ctx, id)
+	if errors.Is(err, inspect.ErrNotFound) {
+		fmt.Fprintf(stdout, "not found: dead letter %d\n", id)
+		return exitFindings, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if o.json {
+		return exitOK, writeJSON(stdout, d)
+	}
+	return exitOK, printDeadLetter(stdout, d)
+}
+
+func cmdReplay(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("replay", stderr, &o, env)
+	var sf selectorFlags
+	sf.register(fs, false)
+	dry := fs.Bool("dry-run", false, "show what would be replayed; send nothing")
+	rateF := fs.Float64("rate", 5, "messages per second")
+	batch := fs.Int("batch", 10, "messages between two checks for new dead letters")
+	stopAfter := fs.Int("stop-after", 10, "stop once this many new dead letters appear (negative: never)")
+	reason := fs.String("reason", "", "why (required; stored in the audit row)")
+	operator := fs.String("operator", env("USER"), "who (required; default $USER)")
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	sel, err := sf.selector()
+	if err != nil {
+		return 0, err
+	}
+	if sel.Empty() {
+		return 0, usageErr("name what to replay: --id, --group, --topic, --type, --key, --class, --since or --until")
+	}
+	if *rateF <= 0 || *batch <= 0 {
+		return 0, usageErr("--rate and --batch must be positive")
+	}
+	if !*dry && (strings.TrimSpace(*reason) == "" || strings.TrimSpace(*operator) == "") {
+		return 0, usageErr("--reason and --operator are required (they go to the audit row)")
+	}
+	if !*dry && len(o.nameServers()) == 0 {
+		return 0, usageErr("a name server is required to replay: --namesrv or RMQTX_NAMESRV")
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix, NameServer: o.nameServers(), Rate: *rateF, Batch: *batch,
+		StopAfterNewDeadLetters: *stopAfter})
+	if err != nil {
+		return 0, err
+	}
+	if *dry {
+		p, err := r.DryRun(ctx, sel)
+		if err != nil {
+			return 0, err
+		}
+		if o.json {
+			return exitOK, writeJSON(stdout, p)
+		}
+		return exitOK, printPlan(stdout, p)
+	}
+	if err := r.Start(ctx); err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	rep, err := r.Replay(ctx, replay.Request{Selector: sel, Operator: *operator, Reason: *reason})
+	if err != nil && rep.AuditID == 0 {
+		return 0, err
+	}
+	if o.json {
+		if werr := writeJSON(stdout, rep); werr != nil {
+			return 0, werr
+		}
+	} else if werr := printReplay(stdout, rep); werr != nil {
+		return 0, werr
+	}
+	switch {
+	case err != nil || rep.Result == replay.ResultFailed || rep.Result == replay.ResultCanceled:
+		if err == nil {
+			err = fmt.Errorf("replay %s", strings.ToLower(string(rep.Result)))
+		}
+		return 0, err
+	case rep.Result == replay.ResultStopped || rep.Result == replay.ResultPartial:
+		return exitFindings, nil
+	}
+	return exitOK, nil
+}
+
+func cmdArchive(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("archive", stderr, &o, env)
+	dry := fs.Bool("dry-run", false, "count what would be removed; change nothing")
+	move := fs.Bool("move", false, "copy rows to <table>_archive before deleting them")
+	batch := fs.Int("batch", 500, "rows per delete transaction")
+	tables := fs.String("tables", "", "comma separated subset of txlog,outbox,consume_log,dead_letter (default all)")
+	var cfg archive.Config
+	fs.DurationVar(&cfg.TxlogRetention, "txlog-retention", archive.DefaultTxlogRetention, "txlog retention (min 24h)")
+	fs.DurationVar(&cfg.OutboxRetention, "outbox-retention", archive.DefaultOutboxRetention, "outbox SENT retention (min 1h)")
+	fs.DurationVar(&cfg.OutboxDeadRetention, "outbox-dead-retention", archive.DefaultOutboxDeadRetention, "outbox DEAD retention (min 24h)")
+	fs.DurationVar(&cfg.ConsumeLogRetention, "consume-log-retention", archive.DefaultConsumeLogRetention, "consume log retention (min 72h, >= dead-letter retention)")
+	fs.DurationVar(&cfg.DeadLetterRetention, "dead-letter-retention", archive.DefaultDeadLetterRetention, "REPLAYED/DISCARDED dead-letter retention (min 24h)")
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	for _, t := range splitList(*tables) {
+		cfg.Tables = append(cfg.Tables, archive.Table(t))
+	}
+	now, err := o.clock()
+	if err != nil {
+		return 0, err
+	}
+	cfg.Now, cfg.Move, cfg.Batch, cfg.TablePrefix = now, *move, *batch, o.prefix
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	cfg.DB = db
+	a, err := archive.New(cfg)
+	if errors.Is(err, archive.ErrConfig) || errors.Is(err, archive.ErrRetentionTooShort) {
+		return 0, usageErr("%v", err)
+	}
+	if err != nil {
+		return 0, err
+	}
+	var rep archive.Report
+	if *dry {
+		rep, err = a.Plan(ctx)
+	} else {
+		rep, err = a.Run(ctx)
+	}
+	if o.json {
+		if werr := writeJSON(stdout, rep); werr != nil {
+			return 0, werr
+		}
+	} else if werr := printArchive(stdout, rep); werr != nil {
+		return 0, werr
+	}
+	return exitOK, err
+}
+
+func cmdStats(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
+	var o options
+	fs := newFlags("stats", stderr, &o, env)
+	if _, err := parse(fs, args); err != nil {
+		return 0, err
+	}
+	ctx, cancel := withTimeout(ctx, &o)
+	defer cancel()
+	db, err := open(ctx, &o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	in, err := o.inspector(db, false)
+	if err != nil {
+		return 0, err
+	}
+	rows, missing, err := in.Stats(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if o.json {
+		return exitOK, writeJSON(stdout, map[string]any{"stats": rows, "missing_tables": missing})
+	}
+	return exitOK, printStats(stdout, rows, missing)
+}

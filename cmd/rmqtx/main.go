@@ -1,0 +1,125 @@
+// Command rmqtx is the runbook CLI for rmqtx: see where an event is, what is
+// stuck, list and replay dead letters, archive old rows, migrate the schema.
+//
+//	rmqtx migrate
+//	rmqtx inspect <event-id> | rmqtx inspect --business-key K
+//	rmqtx stuck [--older-than 1m]
+//	rmqtx dead list [selectors] | rmqtx dead show <id>
+//	rmqtx replay [selectors] --operator NAME --reason TEXT [--dry-run] [--rate 5] [--batch 10]
+//	rmqtx archive [--dry-run] [--move]
+//	rmqtx stats
+//	rmqtx config
+//
+// Output is a table for humans, or JSON with --json. Payloads are always
+// redacted (--redact-prefix N shows the first N bytes, 0 only sizes); a DSN
+// password is never printed.
+//
+// Configuration: --dsn or RMQTX_DSN, else RMQTX_MYSQL_ADDR / _USER /
+// _PASSWORD / _DATABASE; RMQTX_NAMESRV (comma separated, never defaulted),
+// RMQTX_BROKER (optional broker addresses for lookups), RMQTX_TABLE_PREFIX.
+//
+// Exit codes:
+//
+//	0  done, nothing needs attention
+//	1  findings: stuck rows, PARKED dead letters, an event not found or not
+//	   fully delivered, a replay that stopped or had failures
+//	2  usage error (bad flags or arguments, missing configuration)
+//	3  runtime error (database or broker unreachable, query failed)
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFindings = 1
+	exitUsage    = 2
+	exitRuntime  = 3
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usageText = `usage: rmqtx <command> [flags]
+
+commands:
+  migrate                       create or upgrade every rmqtx table
+  inspect <event-id>            one event across txlog, outbox, consume log, dead letters, replays and the broker
+  inspect --business-key K      the same for every event of a business key
+  stuck [--older-than D]        outbox rows not sent, consumes being retried, parked dead letters, by age
+  dead list [selectors]         dead letters
+  dead show <id>                one dead letter
+  replay [selectors]            re-publish parked dead letters (--dry-run, --rate, --batch, --reason, --operator)
+  archive [--dry-run]           remove (or --move) terminal rows past retention
+  stats                         row counts per table, status and group
+  config                        the effective configuration (password masked)
+
+run 'rmqtx <command> -h' for the flags of a command.
+exit codes: 0 ok, 1 findings, 2 usage, 3 runtime error.
+`
+
+// run is main without the process: tests call it directly.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usageText)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	cmd, rest := args[0], args[1:]
+	if cmd == "dead" {
+		if len(rest) == 0 {
+			fmt.Fprintln(stderr, "rmqtx: dead needs a subcommand: list or show")
+			return exitUsage
+		}
+		cmd, rest = "dead "+rest[0], rest[1:]
+	}
+	c, ok := commands[cmd]
+	if !ok {
+		fmt.Fprintf(stderr, "rmqtx: unknown command %q\n\n%s", cmd, usageText)
+		return exitUsage
+	}
+	code, err := c(ctx, rest, env, stdout, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "rmqtx %s: %v\n", cmd, err)
+		switch {
+		case errors.Is(err, errUsage):
+			return exitUsage
+		case errors.Is(err, errHelp):
+			return exitOK
+		}
+		return exitRuntime
+	}
+	return code
+}
+
+type command func(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error)
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"migrate":   cmdMigrate,
+		"inspect":   cmdInspect,
+		"stuck":     cmdStuck,
+		"dead list": cmdDeadList,
+		"dead show": cmdDeadShow,
+		"replay":    cmdReplay,
+		"archive":   cmdArchive,
+		"stats":     cmdStats,
+		"config":    cmdConfig,
+	}
+}

@@ -1,0 +1,20 @@
+// Package inspect is the read-only view an operator needs at 3 a.m.: where
+// is this event? It joins, for one event id (or every event of a business
+// key), the transaction log, the outbox, the consume log and failed attempts
+// of every consumer group, the dead letters and their replays, and the
+// broker's own record found by key: the committed message, the half message
+// (re-stored once per check) and a discarded half in
+// TRANS_CHECK_MAX_TIME_TOPIC.
+//
+// The broker lookup speaks the RocketMQ remoting protocol directly
+// (QUERY_MESSAGE, code 12, the request behind `mqadmin queryMsgByKey`),
+// because rocketmq-client-go has no public API for it; see RemotingLookup.
+//
+// It also lists stuck work by age (Stuck) and row counts per table, status
+// and group (Stats). Tables that do not exist are reported as missing rather
+// than failing, since a service may use only some of rmqtx's parts.
+//
+// Every payload goes through a Redactor before it is returned (I10): by
+// default ShowPrefix(DefaultPrefixLen) shows a few leading bytes and the
+// size. Nothing here writes.
+package inspect

@@ -1,0 +1,131 @@
+package inspect_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	rmq "github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+func TestRedactors(t *testing.T) {
+	t.Parallel()
+	secret := []byte(`{"card":"4111111111111111","cvv":"123"}`)
+	got := inspect.ShowPrefix(8)(secret)
+	require.Equal(t, `{"card":… <39 bytes>`, got)
+	require.NotContains(t, got, "4111")
+	require.Equal(t, "<39 bytes>", inspect.Hidden()(secret))
+	require.Equal(t, "***… <3 bytes>", inspect.ShowPrefix(8)([]byte("pin")), "a payload shorter than the prefix is masked whole")
+	require.Equal(t, "<3 bytes>", inspect.ShowPrefix(8)([]byte{0, 1, 2}), "binary shows only its size")
+	require.Equal(t, "", inspect.ShowPrefix(8)(nil))
+	require.Equal(t, "h… <6 bytes>", inspect.ShowPrefix(2)([]byte("héllo")), "cut on a rune boundary")
+	require.Equal(t, "3d4h", inspect.FormatAge(76*time.Hour+5*time.Minute))
+	require.Equal(t, "2m5s", inspect.FormatAge(125*time.Second))
+}
+
+// One event is seen across the txlog, consume log, attempts and dead
+// letters, payloads redacted; absent tables are reported, not fatal.
+func TestEventAcrossTables(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := context.Background()
+	require.NoError(t, consumer.Migrate(ctx, db, ""))
+	st, err := txlog.New(db, txlog.DefaultPrefix)
+	require.NoError(t, err)
+	require.NoError(t, st.Migrate(ctx))
+	id := envelope.NewEventID()
+	payload := []byte(`{"order":"o-1","card":"4111111111111111"}`)
+	tx, err := db.Beginx()
+	require.NoError(t, err)
+	require.NoError(t, st.Insert(ctx, tx, txlog.Row{EventID: id, ProducerGroup: "pg", Topic: "orders", EventType: "OrderPaid",
+		State: txlog.StateCommitted, Payload: payload, PayloadHash: envelope.Hash(payload), BusinessKey: "o-1", ResolvedBy: txlog.ByLocalCommit}))
+	require.NoError(t, tx.Commit())
+	_, err = db.Exec(`INSERT INTO rmqtx_consume_log (consumer_group, event_id, event_type, request_hash, status, first_received_at, updated_at)
+		VALUES ('points', ?, 'OrderPaid', ?, 'SUCCESS', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, envelope.Hash(payload))
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO rmqtx_consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
+		VALUES ('sms', ?, 2, 'transient', 'gateway timeout', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key,
+		error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
+		VALUES ('search', 'orders', 1, 7, 'm', ?, 'OrderPaid', 'o-1', 'data', 'bad json', ?, ?, '{"RMQTX_EVENT_ID":"x"}', 0, 'PARKED',
+		UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, payload, envelope.Hash(payload))
+	require.NoError(t, err)
+
+	in, err := inspect.New(inspect.Config{DB: db})
+	require.NoError(t, err)
+	v, err := in.Event(ctx, id)
+	require.NoError(t, err)
+	require.NotNil(t, v.Txlog)
+	require.Equal(t, "COMMITTED", v.Txlog.State)
+	require.Nil(t, v.Outbox)
+	require.Len(t, v.Consumed, 1)
+	require.Equal(t, "points", v.Consumed[0].ConsumerGroup)
+	require.Len(t, v.Attempts, 1)
+	require.Len(t, v.DeadLetters, 1)
+	require.Equal(t, "x", v.DeadLetters[0].Properties["RMQTX_EVENT_ID"])
+	require.ElementsMatch(t, []string{"rmqtx_outbox", "rmqtx_replay_audit_item"}, v.Missing)
+	js, err := json.Marshal(v)
+	require.NoError(t, err)
+	require.NotContains(t, string(js), "4111", "no payload content past the prefix leaks")
+
+	views, err := in.BusinessKey(ctx, "o-1", 10)
+	require.NoError(t, err)
+	require.Len(t, views, 1)
+	_, err = in.Event(ctx, "nope")
+	require.ErrorIs(t, err, inspect.ErrNotFound)
+
+	stuck, missing, err := in.Stuck(ctx, 0, 10)
+	require.NoError(t, err)
+	require.Len(t, stuck, 2, "the retrying attempt and the parked dead letter")
+	require.Contains(t, missing, "rmqtx_outbox")
+	stats, _, err := in.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, stats, 4)
+}
+
+// The remoting lookup finds a message by key in the broker's index, and
+// tells a missing topic apart.
+func TestRemotingLookup(t *testing.T) {
+	t.Parallel()
+	s := testenv.Integration(t)
+	topic := testenv.Name(t, "topic")
+	testenv.CreateTopic(t, topic, 2)
+	g := testenv.Name(t, "pub")
+	p, err := rmq.NewProducer(producer.WithNsResolver(s.NameServerResolver()), producer.WithGroupName(g), producer.WithInstanceName(g))
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	defer func() { _ = p.Shutdown() }()
+	id := envelope.NewEventID()
+	m := primitive.NewMessage(topic, []byte("hello"))
+	m.WithProperties(envelope.Envelope{EventID: id, EventType: "T"}.Properties([]byte("hello")))
+	m.WithKeys([]string{id, "other-key"})
+	res, err := p.SendSync(context.Background(), m)
+	require.NoError(t, err)
+
+	look := inspect.RemotingLookup{NameServer: []string{s.NameServer}}
+	var got []inspect.BrokerMessage
+	testenv.Eventually(t, 30*time.Second, "indexed message", func() bool {
+		got, err = look.QueryByKey(context.Background(), topic, id, 8)
+		return err == nil && len(got) == 1
+	})
+	require.Equal(t, topic, got[0].Topic)
+	require.Equal(t, res.MsgID, got[0].UniqKey)
+	require.Equal(t, "message", got[0].Kind)
+	require.Equal(t, 5, got[0].BodySize)
+	none, err := look.QueryByKey(context.Background(), topic, "no-such-key", 8)
+	require.NoError(t, err)
+	require.Empty(t, none)
+	_, err = look.QueryByKey(context.Background(), testenv.Name(t, "missing"), id, 8)
+	require.ErrorIs(t, err, inspect.ErrTopicNotFound)
+}

@@ -1,0 +1,141 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/metrics"
+)
+
+// DefaultTablePrefix is the prefix of the consumer tables and of the audit
+// tables unless configured (the same default as the consumer package).
+const DefaultTablePrefix = "rmqtx_"
+
+// Properties a replay adds to each message (beside the original envelope).
+const (
+	PropAuditID      = envelope.PropReplayPrefix + "AUDIT_ID"       // replay_audit.id of the run
+	PropOperator     = envelope.PropReplayPrefix + "OPERATOR"       // who ran it
+	PropCount        = envelope.PropReplayPrefix + "COUNT"          // 1 for the first replay of this dead letter
+	PropDeadLetterID = envelope.PropReplayPrefix + "DEAD_LETTER_ID" // dead_letter.id replayed
+	PropGroup        = envelope.PropReplayPrefix + "GROUP"          // consumer group that parked it
+)
+
+// Values of the consumer's dead_letter table (consumer.DeadLetterParked,
+// consumer.DeadLetterReplayed, consumer.ClassConflict), repeated here so the
+// replayer depends on the table, not on the consumer's code.
+const (
+	statusParked   = "PARKED"
+	statusReplayed = "REPLAYED"
+	classConflict  = "conflict"
+)
+
+// Sentinel errors. Every error this package returns wraps one of them or a
+// database/broker error, and starts with "replay: ".
+var (
+	ErrConfig     = errors.New("replay: invalid config")
+	ErrRequest    = errors.New("replay: invalid request")
+	ErrNotStarted = errors.New("replay: not started")
+	ErrClosed     = errors.New("replay: closed")
+)
+
+// Config configures a Replayer.
+type Config struct {
+	// DB holds the consumer's dead-letter table and the audit tables.
+	// Required.
+	DB *sqlx.DB
+	// TablePrefix of the consumer tables and of <prefix>replay_audit.
+	// Default DefaultTablePrefix ("rmqtx_"); validated with sqlname.
+	TablePrefix string
+	// NameServer lists the name server addresses (host:port). Required for
+	// Replay (not for DryRun); the client's default HTTP resolver is never
+	// used.
+	NameServer []string
+	// Group is the producer group of the replayer's normal producer.
+	// Default "rmqtx_replay". Keep it apart from transactional groups (#998).
+	Group string
+	// InstanceName of the producer client. Default
+	// "rmqtx-replay-<pid>-<random>", unique per Replayer.
+	InstanceName string
+	// Rate is the default messages per second (a Request may lower or raise
+	// it). Default 10. Must be > 0: a replay is never unthrottled.
+	Rate float64
+	// Batch is the default number of messages between two new-dead-letter
+	// checks. Default 10.
+	Batch int
+	// StopAfterNewDeadLetters stops a replay, after the batch in progress,
+	// once this many dead letters were parked (or parked again) since it
+	// started, in the consumer group it replays (all groups when the
+	// selector names none). Default 10; negative disables the check.
+	StopAfterNewDeadLetters int
+	// MaxMessages caps how many dead letters one run selects when the
+	// Selector gives no Limit. Default 1000.
+	MaxMessages int
+	// SendTimeout bounds one send. Default 5s.
+	SendTimeout time.Duration
+	// Metrics records rmqtx_replay_messages_total and rmqtx_replay_rate_limit;
+	// nil records nothing.
+	Metrics *metrics.Metrics
+	// Logger receives one line per run and warnings. Default quiet. Payloads
+	// are never logged.
+	Logger logrus.FieldLogger
+	// Test holds test-only hooks. Leave zero in production.
+	Test TestConfig
+}
+
+// TestConfig holds hooks for tests.
+type TestConfig struct {
+	// AfterBatch runs after each batch is sent, before the new-dead-letter
+	// check (batch counts from 1).
+	AfterBatch func(batch int)
+}
+
+// WithDefaults returns a copy of c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.TablePrefix == "" {
+		c.TablePrefix = DefaultTablePrefix
+	}
+	if c.Group == "" {
+		c.Group = "rmqtx_replay"
+	}
+	if c.InstanceName == "" {
+		c.InstanceName = fmt.Sprintf("rmqtx-replay-%d-%s", os.Getpid(), randHex(6))
+	}
+	if c.Rate == 0 {
+		c.Rate = 10
+	}
+	if c.Batch == 0 {
+		c.Batch = 10
+	}
+	if c.StopAfterNewDeadLetters == 0 {
+		c.StopAfterNewDeadLetters = 10
+	}
+	if c.MaxMessages == 0 {
+		c.MaxMessages = 1000
+	}
+	if c.SendTimeout == 0 {
+		c.SendTimeout = 5 * time.Second
+	}
+	c.Logger = rmqlog.OrQuiet(c.Logger)
+	return c
+}
+
+func (c Config) validate() error {
+	if c.DB == nil {
+		return fmt.Errorf("%w: DB is required", ErrConfig)
+	}
+	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if c.Rate < 0 || c.Batch < 0 || c.MaxMessages < 0 || c.SendTimeout < 0 {
+		return fmt.Errorf("%w: Rate, Batch, MaxMessages and SendTimeout must not be negative", ErrConfig)
+	}
+	return nil
+}

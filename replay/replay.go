@@ -1,0 +1,448 @@
+package replay
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	rmq "github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/metrics"
+)
+
+// Result is how a replay run ended; it is stored in replay_audit.result.
+type Result string
+
+// Run results.
+const (
+	ResultRunning   Result = "RUNNING"   // in progress (or the process died: finished_at stays NULL)
+	ResultCompleted Result = "COMPLETED" // every selected dead letter was sent or skipped
+	ResultPartial   Result = "PARTIAL"   // finished, but some sends failed (they stay PARKED)
+	ResultStopped   Result = "STOPPED"   // stopped by the new-dead-letter threshold
+	ResultCanceled  Result = "CANCELED"  // the context ended
+	ResultFailed    Result = "FAILED"    // a database error ended the run
+	ResultEmpty     Result = "EMPTY"     // nothing selected
+)
+
+// Item results.
+const (
+	ItemSent    = "sent"
+	ItemFailed  = "failed"
+	ItemSkipped = "skipped"
+)
+
+// Request is one replay run.
+type Request struct {
+	Selector Selector
+	// Operator and Reason are required: they go to the audit row (and the
+	// operator into each message's PropOperator).
+	Operator string
+	Reason   string
+	// Rate overrides Config.Rate (messages per second) when > 0.
+	Rate float64
+	// Batch overrides Config.Batch when > 0.
+	Batch int
+}
+
+// Item is what happened to one dead letter.
+type Item struct {
+	DeadLetterID  int64     `json:"dead_letter_id"`
+	ConsumerGroup string    `json:"consumer_group"`
+	Topic         string    `json:"topic"`
+	EventID       string    `json:"event_id"`
+	Result        string    `json:"result"` // sent, failed, skipped
+	Detail        string    `json:"detail,omitempty"`
+	MsgID         string    `json:"msg_id,omitempty"`
+	SentAt        time.Time `json:"sent_at,omitzero"` // when the send returned OK (replayer's clock)
+}
+
+// Report is the outcome of Replay; it mirrors the audit row.
+type Report struct {
+	AuditID        int64     `json:"audit_id"`
+	Result         Result    `json:"result"`
+	Selected       int       `json:"selected"`
+	Sent           int       `json:"sent"`
+	Failed         int       `json:"failed"`
+	Skipped        int       `json:"skipped"`
+	NewDeadLetters int       `json:"new_dead_letters"`
+	Rate           float64   `json:"rate"`
+	Batch          int       `json:"batch"`
+	StartedAt      time.Time `json:"started_at"`
+	FinishedAt     time.Time `json:"finished_at"`
+	Items          []Item    `json:"items"`
+}
+
+type tables struct {
+	dead, audit, item, schema string
+}
+
+// Replayer replays dead letters. Create it with New; DryRun and Migrate work
+// at once, Replay needs Start. It is safe for concurrent use; concurrent
+// runs never send the same dead letter twice.
+type Replayer struct {
+	cfg Config
+	t   tables
+
+	mu      sync.Mutex
+	prod    rmq.Producer
+	started bool
+	closed  bool
+}
+
+// New validates cfg (after WithDefaults) and returns a Replayer. It does not
+// connect to the broker: Start does.
+func New(cfg Config) (*Replayer, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	p := cfg.TablePrefix
+	return &Replayer{cfg: cfg, t: tables{dead: p + "dead_letter", audit: p + "replay_audit", item: p + "replay_audit_item", schema: p + "replay_schema"}}, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (r *Replayer) Config() Config { return r.cfg }
+
+// Start creates and starts the replayer's producer. It is idempotent; after
+// Shutdown it returns ErrClosed.
+func (r *Replayer) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if r.started {
+		return nil
+	}
+	if len(r.cfg.NameServer) == 0 {
+		return fmt.Errorf("%w: NameServer is required to replay", ErrConfig)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("replay: start: %w", err)
+	}
+	rmqlog.Install(r.cfg.Logger)
+	p, err := rmq.NewProducer(
+		producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServer)),
+		producer.WithGroupName(r.cfg.Group),
+		producer.WithInstanceName(r.cfg.InstanceName),
+		producer.WithSendMsgTimeout(r.cfg.SendTimeout),
+		producer.WithRetry(2),
+	)
+	if err != nil {
+		return fmt.Errorf("replay: producer: %w", err)
+	}
+	if err := p.Start(); err != nil {
+		return fmt.Errorf("replay: start producer: %w", err)
+	}
+	r.prod, r.started = p, true
+	return nil
+}
+
+// Shutdown stops the producer. It is idempotent. A Replay in progress fails
+// its remaining sends; cancel its context first to end it cleanly.
+func (r *Replayer) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	if r.prod == nil {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.prod.Shutdown() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("replay: shutdown: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("replay: shutdown: %w", ctx.Err())
+	}
+}
+
+// Close is Shutdown without a deadline.
+func (r *Replayer) Close() error { return r.Shutdown(context.Background()) }
+
+func (r *Replayer) producer() (rmq.Producer, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		return nil, ErrClosed
+	case !r.started:
+		return nil, ErrNotStarted
+	}
+	return r.prod, nil
+}
+
+// Replay re-publishes the dead letters req.Selector picks, under the rate
+// limit, in batches, and audits the run. It returns the report (also on
+// error, as far as it got); err is non-nil only when the run could not be
+// audited or a database error ended it. A STOPPED or PARTIAL run is not an
+// error: read Report.Result.
+func (r *Replayer) Replay(ctx context.Context, req Request) (Report, error) {
+	if strings.TrimSpace(req.Operator) == "" || strings.TrimSpace(req.Reason) == "" {
+		return Report{}, fmt.Errorf("%w: operator and reason are required", ErrRequest)
+	}
+	if req.Selector.Empty() {
+		return Report{}, fmt.Errorf("%w: the selector selects every dead letter; name ids, a group, a type, a key, a class or a time range", ErrRequest)
+	}
+	if req.Rate < 0 || req.Batch < 0 {
+		return Report{}, fmt.Errorf("%w: rate and batch must not be negative", ErrRequest)
+	}
+	prod, err := r.producer()
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Rate: r.cfg.Rate, Batch: r.cfg.Batch}
+	if req.Rate > 0 {
+		rep.Rate = req.Rate
+	}
+	if req.Batch > 0 {
+		rep.Batch = req.Batch
+	}
+	scope, _ := json.Marshal(req.Selector)
+
+	// The start time comes from the database clock: new dead letters are
+	// stamped by it.
+	if err := r.cfg.DB.GetContext(ctx, &rep.StartedAt, "SELECT UTC_TIMESTAMP(6)"); err != nil {
+		return rep, fmt.Errorf("replay: read clock: %w", err)
+	}
+	rep.StartedAt = rep.StartedAt.UTC()
+	res, err := r.cfg.DB.ExecContext(ctx, "INSERT INTO "+r.t.audit+
+		" (operator, reason, scope, rate_limit, batch_size, result, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+		clip(req.Operator, 128), clip(req.Reason, 1024), string(scope), rep.Rate, rep.Batch, string(ResultRunning), rep.StartedAt)
+	if err != nil {
+		return rep, fmt.Errorf("replay: write audit row: %w", err)
+	}
+	if rep.AuditID, err = res.LastInsertId(); err != nil {
+		return rep, fmt.Errorf("replay: audit id: %w", err)
+	}
+	log := r.cfg.Logger.WithField("audit_id", rep.AuditID).WithField("operator", req.Operator)
+
+	if r.cfg.Metrics != nil {
+		r.cfg.Metrics.ReplayRate.Set(rep.Rate)
+		defer r.cfg.Metrics.ReplayRate.Set(0)
+	}
+	runErr := r.run(ctx, prod, req, &rep)
+	switch {
+	case runErr == nil:
+	case errors.Is(runErr, context.Canceled), errors.Is(runErr, context.DeadlineExceeded):
+		rep.Result = ResultCanceled
+	default:
+		rep.Result = ResultFailed
+	}
+	// Finish the audit row even when ctx is done.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var errText any
+	if runErr != nil {
+		errText = clip(runErr.Error(), 2000)
+	}
+	if err := fctx.Err(); err == nil {
+		_ = r.cfg.DB.GetContext(fctx, &rep.FinishedAt, "SELECT UTC_TIMESTAMP(6)")
+	}
+	rep.FinishedAt = rep.FinishedAt.UTC()
+	if _, err := r.cfg.DB.ExecContext(fctx, "UPDATE "+r.t.audit+" SET selected = ?, sent = ?, failed = ?, skipped = ?,"+
+		" new_dead_letters = ?, result = ?, error_text = ?, finished_at = ? WHERE id = ?",
+		rep.Selected, rep.Sent, rep.Failed, rep.Skipped, rep.NewDeadLetters, string(rep.Result), errText, rep.FinishedAt, rep.AuditID); err != nil {
+		return rep, errors.Join(runErr, fmt.Errorf("replay: finish audit row %d: %w", rep.AuditID, err))
+	}
+	log.WithField("result", rep.Result).WithField("sent", rep.Sent).WithField("failed", rep.Failed).
+		WithField("skipped", rep.Skipped).Info("replay: finished")
+	if runErr != nil && rep.Result == ResultFailed {
+		return rep, runErr
+	}
+	return rep, nil
+}
+
+func (r *Replayer) run(ctx context.Context, prod rmq.Producer, req Request, rep *Report) error {
+	cs, err := r.selectCandidates(ctx, req.Selector)
+	if err != nil {
+		return err
+	}
+	rep.Selected = len(cs)
+	if len(cs) == 0 {
+		rep.Result = ResultEmpty
+		return nil
+	}
+	if _, err := r.cfg.DB.ExecContext(ctx, "UPDATE "+r.t.audit+" SET selected = ? WHERE id = ?", rep.Selected, rep.AuditID); err != nil {
+		return fmt.Errorf("replay: audit: %w", err)
+	}
+	lim := rate.NewLimiter(rate.Limit(rep.Rate), 1)
+	for start, batch := 0, 1; start < len(cs); start, batch = start+rep.Batch, batch+1 {
+		end := min(start+rep.Batch, len(cs))
+		for _, c := range cs[start:end] {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			it := Item{DeadLetterID: c.DeadLetterID, ConsumerGroup: c.ConsumerGroup, Topic: c.Topic, EventID: c.EventID}
+			if c.Action != "replay" {
+				it.Result, it.Detail = ItemSkipped, c.SkipReason
+			} else {
+				if err := lim.Wait(ctx); err != nil {
+					return err
+				}
+				if err := r.replayOne(ctx, prod, req, rep.AuditID, &it); err != nil {
+					return err
+				}
+			}
+			r.record(ctx, rep, it)
+		}
+		if r.cfg.Test.AfterBatch != nil {
+			r.cfg.Test.AfterBatch(batch)
+		}
+		n, err := r.newDeadLetters(ctx, req.Selector.ConsumerGroup, rep.StartedAt)
+		if err != nil {
+			return err
+		}
+		rep.NewDeadLetters = n
+		if _, err := r.cfg.DB.ExecContext(ctx, "UPDATE "+r.t.audit+" SET sent = ?, failed = ?, skipped = ?, new_dead_letters = ? WHERE id = ?",
+			rep.Sent, rep.Failed, rep.Skipped, n, rep.AuditID); err != nil {
+			return fmt.Errorf("replay: audit progress: %w", err)
+		}
+		if r.cfg.StopAfterNewDeadLetters > 0 && n >= r.cfg.StopAfterNewDeadLetters && end < len(cs) {
+			rep.Result = ResultStopped
+			r.cfg.Logger.WithField("audit_id", rep.AuditID).WithField("new_dead_letters", n).
+				Warn("replay: stopped: new dead letters passed the threshold")
+			return nil
+		}
+	}
+	rep.Result = ResultCompleted
+	if rep.Failed > 0 {
+		rep.Result = ResultPartial
+	}
+	return nil
+}
+
+// record counts an item, stores its audit row and its metric.
+func (r *Replayer) record(ctx context.Context, rep *Report, it Item) {
+	switch it.Result {
+	case ItemSent:
+		rep.Sent++
+	case ItemFailed:
+		rep.Failed++
+	default:
+		rep.Skipped++
+	}
+	rep.Items = append(rep.Items, it)
+	metrics.Inc(r.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ReplayMessages }, it.Topic, it.Result)
+	if it.Result == ItemSent {
+		return // written in the send transaction
+	}
+	if _, err := r.cfg.DB.ExecContext(ctx, "INSERT INTO "+r.t.item+
+		" (audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"+
+		" ON DUPLICATE KEY UPDATE result = VALUES(result), detail = VALUES(detail), at = VALUES(at)",
+		rep.AuditID, it.DeadLetterID, clip(it.ConsumerGroup, 255), clip(it.EventID, 128), clip(it.Topic, 255), it.Result, clip(it.MsgID, 128), clip(it.Detail, 512)); err != nil {
+		r.cfg.Logger.WithError(err).WithField("dead_letter_id", it.DeadLetterID).Warn("replay: cannot write audit item")
+	}
+}
+
+// replayOne sends one dead letter inside a transaction that holds its row
+// lock, and marks it REPLAYED in the same transaction. A send failure leaves
+// the row as it was (rolled back) and is reported in it, not as an error; a
+// database error before the send is returned.
+func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request, auditID int64, it *Item) error {
+	tx, err := r.cfg.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("replay: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var l lockedLetter
+	err = tx.GetContext(ctx, &l, "SELECT id, status, consumer_group, topic, event_id, error_class, payload, payload_redacted,"+
+		" request_hash, properties, replay_count FROM "+r.t.dead+" WHERE id = ? FOR UPDATE", it.DeadLetterID)
+	if errors.Is(err, sql.ErrNoRows) {
+		it.Result, it.Detail = ItemSkipped, "dead letter no longer exists"
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("replay: lock dead letter %d: %w", it.DeadLetterID, err)
+	}
+	if l.Status != statusParked && !(req.Selector.IncludeReplayed && l.Status == statusReplayed) {
+		it.Result, it.Detail = ItemSkipped, "status is now "+l.Status
+		return nil
+	}
+	if reason := l.skipReason(); reason != "" {
+		it.Result, it.Detail = ItemSkipped, reason
+		return nil
+	}
+	msg := primitive.NewMessage(l.Topic, l.Payload)
+	props := l.properties()
+	props[PropAuditID] = strconv.FormatInt(auditID, 10)
+	props[PropOperator] = clip(req.Operator, 128)
+	props[PropCount] = strconv.Itoa(l.ReplayCount + 1)
+	props[PropDeadLetterID] = strconv.FormatInt(l.ID, 10)
+	props[PropGroup] = l.ConsumerGroup
+	msg.WithProperties(props)
+
+	sctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
+	res, err := prod.SendSync(sctx, msg)
+	cancel()
+	if err == nil && res.Status != primitive.SendOK {
+		err = fmt.Errorf("send status %d", res.Status)
+	}
+	if err != nil {
+		// The result may be unknown (a timeout): the message may have gone.
+		// Harmless: the consumer dedups, and the row stays replayable.
+		it.Result, it.Detail = ItemFailed, clip("send: "+err.Error(), 512)
+		return nil
+	}
+	it.MsgID = res.MsgID
+	it.SentAt = time.Now().UTC()
+	note := fmt.Sprintf("replayed by %s (audit %d)", clip(req.Operator, 128), auditID)
+	_, err = tx.ExecContext(ctx, "UPDATE "+r.t.dead+" SET status = ?, replay_count = replay_count + 1, replayed_at = UTC_TIMESTAMP(6),"+
+		" resolved_at = UTC_TIMESTAMP(6), resolution_note = ? WHERE id = ?", statusReplayed, clip(note, 512), l.ID)
+	if err == nil {
+		_, err = tx.ExecContext(ctx, "INSERT INTO "+r.t.item+
+			" (audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, '', UTC_TIMESTAMP(6))",
+			auditID, l.ID, clip(l.ConsumerGroup, 255), clip(l.EventID, 128), clip(l.Topic, 255), ItemSent, clip(res.MsgID, 128))
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		// Sent but not recorded: the row stays as it was; a later replay is
+		// absorbed by the consumer's dedup.
+		it.Result, it.Detail = ItemFailed, clip("sent but not recorded: "+err.Error(), 512)
+		return nil
+	}
+	it.Result = ItemSent
+	return nil
+}
+
+// newDeadLetters counts dead letters parked (first time or again) since t.
+func (r *Replayer) newDeadLetters(ctx context.Context, group string, since time.Time) (int, error) {
+	var n int
+	err := r.cfg.DB.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+r.t.dead+
+		" WHERE status = ? AND last_seen_at >= ? AND (? = '' OR consumer_group = ?)", statusParked, since, group, group)
+	if err != nil {
+		return 0, fmt.Errorf("replay: count new dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// clip cuts s to at most n bytes on a rune boundary (columns are utf8mb4).
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,229 @@
+package replay
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+)
+
+// Selector picks dead letters. Zero fields do not filter; every set field
+// must match. Only PARKED dead letters are selected (plus REPLAYED ones with
+// IncludeReplayed); DISCARDED ones never are.
+type Selector struct {
+	IDs           []int64   `json:"ids,omitempty"`            // dead_letter.id
+	ConsumerGroup string    `json:"consumer_group,omitempty"` // the group that parked it
+	Topic         string    `json:"topic,omitempty"`          // original topic
+	EventType     string    `json:"event_type,omitempty"`
+	BusinessKey   string    `json:"business_key,omitempty"`
+	ErrorClass    string    `json:"error_class,omitempty"` // consumer.Class: transient, wait, permanent, data, conflict, unknown
+	Since         time.Time `json:"since,omitzero"`        // first parked at or after (UTC)
+	Until         time.Time `json:"until,omitzero"`        // first parked before (UTC)
+	// IncludeReplayed also selects dead letters already REPLAYED, to send them
+	// again (the consumer's dedup absorbs what was applied).
+	IncludeReplayed bool `json:"include_replayed,omitempty"`
+	// Limit caps the selection (oldest id first). Default Config.MaxMessages.
+	Limit int `json:"limit,omitempty"`
+}
+
+// Empty reports whether s selects every dead letter; Replay refuses an empty
+// selector so that "everything" is always a deliberate choice (set a Since).
+func (s Selector) Empty() bool {
+	return len(s.IDs) == 0 && s.ConsumerGroup == "" && s.Topic == "" && s.EventType == "" &&
+		s.BusinessKey == "" && s.ErrorClass == "" && s.Since.IsZero() && s.Until.IsZero()
+}
+
+// Candidate is one selected dead letter and what a replay does with it.
+type Candidate struct {
+	DeadLetterID  int64     `json:"dead_letter_id"`
+	ConsumerGroup string    `json:"consumer_group"`
+	Topic         string    `json:"topic"`
+	EventID       string    `json:"event_id"`
+	EventType     string    `json:"event_type"`
+	BusinessKey   string    `json:"business_key"`
+	ErrorClass    string    `json:"error_class"`
+	Status        string    `json:"status"`
+	ReplayCount   int       `json:"replay_count"`
+	FirstSeenAt   time.Time `json:"first_seen_at"`
+	// Action is "replay", or "skip" with SkipReason.
+	Action     string `json:"action"`
+	SkipReason string `json:"skip_reason,omitempty"`
+}
+
+// Plan is the result of DryRun.
+type Plan struct {
+	Selector   Selector    `json:"selector"`
+	Candidates []Candidate `json:"candidates"`
+	Replay     int         `json:"replay"` // candidates that would be sent
+	Skip       int         `json:"skip"`
+}
+
+const candidateColumns = "id, consumer_group, topic, event_id, event_type, business_key, error_class, status," +
+	" replay_count, first_seen_at, payload IS NULL AS no_payload, payload_redacted," +
+	" (payload IS NOT NULL AND request_hash = CONVERT(SHA2(payload, 256) USING ascii)) AS hash_ok"
+
+type candidateRow struct {
+	ID            int64          `db:"id"`
+	ConsumerGroup string         `db:"consumer_group"`
+	Topic         string         `db:"topic"`
+	EventID       string         `db:"event_id"`
+	EventType     string         `db:"event_type"`
+	BusinessKey   string         `db:"business_key"`
+	ErrorClass    string         `db:"error_class"`
+	Status        string         `db:"status"`
+	ReplayCount   int            `db:"replay_count"`
+	FirstSeenAt   mysql.NullTime `db:"first_seen_at"`
+	NoPayload     bool           `db:"no_payload"`
+	Redacted      bool           `db:"payload_redacted"`
+	HashOK        sql.NullBool   `db:"hash_ok"`
+}
+
+func (r candidateRow) candidate() Candidate {
+	c := Candidate{
+		DeadLetterID: r.ID, ConsumerGroup: r.ConsumerGroup, Topic: r.Topic, EventID: r.EventID,
+		EventType: r.EventType, BusinessKey: r.BusinessKey, ErrorClass: r.ErrorClass, Status: r.Status,
+		ReplayCount: r.ReplayCount, FirstSeenAt: r.FirstSeenAt.Time.UTC(), Action: "replay",
+	}
+	c.SkipReason = skipReason(r.ErrorClass, r.NoPayload, r.Redacted, r.HashOK.Bool)
+	if c.SkipReason != "" {
+		c.Action = "skip"
+	}
+	return c
+}
+
+// skipReason says why a dead letter cannot be replayed, or "".
+func skipReason(class string, noPayload, redacted, hashOK bool) string {
+	switch {
+	case noPayload:
+		return "no payload stored"
+	case redacted && !hashOK:
+		return "payload was redacted when parked"
+	case class == classConflict:
+		return "payload-hash conflict: the consumer would park it again"
+	}
+	return ""
+}
+
+func (r *Replayer) selectSQL(s Selector, limit int) (string, []any) {
+	var where []string
+	var args []any
+	add := func(cond string, v ...any) { where = append(where, cond); args = append(args, v...) }
+	if s.IncludeReplayed {
+		add("status IN (?, ?)", statusParked, statusReplayed)
+	} else {
+		add("status = ?", statusParked)
+	}
+	if len(s.IDs) > 0 {
+		ph := strings.TrimSuffix(strings.Repeat("?, ", len(s.IDs)), ", ")
+		ids := make([]any, len(s.IDs))
+		for i, id := range s.IDs {
+			ids[i] = id
+		}
+		add("id IN ("+ph+")", ids...)
+	}
+	if s.ConsumerGroup != "" {
+		add("consumer_group = ?", s.ConsumerGroup)
+	}
+	if s.Topic != "" {
+		add("topic = ?", s.Topic)
+	}
+	if s.EventType != "" {
+		add("event_type = ?", s.EventType)
+	}
+	if s.BusinessKey != "" {
+		add("business_key = ?", s.BusinessKey)
+	}
+	if s.ErrorClass != "" {
+		add("error_class = ?", s.ErrorClass)
+	}
+	if !s.Since.IsZero() {
+		add("first_seen_at >= ?", s.Since.UTC())
+	}
+	if !s.Until.IsZero() {
+		add("first_seen_at < ?", s.Until.UTC())
+	}
+	args = append(args, limit)
+	return "SELECT " + candidateColumns + " FROM " + r.t.dead + " WHERE " + strings.Join(where, " AND ") + " ORDER BY id LIMIT ?", args
+}
+
+func (r *Replayer) selectCandidates(ctx context.Context, s Selector) ([]Candidate, error) {
+	limit := s.Limit
+	if limit <= 0 {
+		limit = r.cfg.MaxMessages
+	}
+	q, args := r.selectSQL(s, limit)
+	var rows []candidateRow
+	if err := r.cfg.DB.SelectContext(ctx, &rows, q, args...); err != nil {
+		return nil, fmt.Errorf("replay: select dead letters: %w", err)
+	}
+	out := make([]Candidate, len(rows))
+	for i, row := range rows {
+		out[i] = row.candidate()
+	}
+	return out, nil
+}
+
+// DryRun returns what Replay would do with s: the selected dead letters and,
+// for each, whether it would be sent or skipped (and why). It sends and
+// writes nothing, and works without Start.
+func (r *Replayer) DryRun(ctx context.Context, s Selector) (Plan, error) {
+	cs, err := r.selectCandidates(ctx, s)
+	if err != nil {
+		return Plan{}, err
+	}
+	p := Plan{Selector: s, Candidates: cs}
+	for _, c := range cs {
+		if c.Action == "replay" {
+			p.Replay++
+		} else {
+			p.Skip++
+		}
+	}
+	return p, nil
+}
+
+// lockedLetter is a dead letter read under its row lock for sending.
+type lockedLetter struct {
+	ID            int64          `db:"id"`
+	Status        string         `db:"status"`
+	ConsumerGroup string         `db:"consumer_group"`
+	Topic         string         `db:"topic"`
+	EventID       string         `db:"event_id"`
+	ErrorClass    string         `db:"error_class"`
+	Payload       []byte         `db:"payload"`
+	Redacted      bool           `db:"payload_redacted"`
+	RequestHash   string         `db:"request_hash"`
+	Properties    sql.NullString `db:"properties"`
+	ReplayCount   int            `db:"replay_count"`
+}
+
+func (l lockedLetter) skipReason() string {
+	return skipReason(l.ErrorClass, l.Payload == nil, l.Redacted, envelope.Hash(l.Payload) == l.RequestHash)
+}
+
+func (l lockedLetter) properties() map[string]string {
+	props := map[string]string{}
+	if l.Properties.Valid && l.Properties.String != "" {
+		_ = json.Unmarshal([]byte(l.Properties.String), &props)
+	}
+	for k := range props {
+		if strings.HasPrefix(k, envelope.PropReplayPrefix) {
+			delete(props, k) // a previous replay's metadata is replaced, not stacked
+		}
+	}
+	return props
+}
+
+func randHex(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}

@@ -12,6 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/migrate"
+
 	"github.com/rmqtx/rmqtx/internal/envelope"
 )
 
@@ -122,12 +124,13 @@ func TestConfigValidation(t *testing.T) {
 
 func TestMigrationsLoad(t *testing.T) {
 	t.Parallel()
-	migs, err := loadMigrations("pfx_")
+	migs, err := migrate.Load(migrationFS, "migrations")
 	require.NoError(t, err)
 	require.NotEmpty(t, migs)
-	require.Equal(t, 1, migs[0].version)
-	require.Len(t, migs[0].statements, 5)
-	for _, s := range migs[0].statements {
+	require.Equal(t, 1, migs[0].Version)
+	stmts := migrate.Statements(migs[0].SQL, strings.NewReplacer("{{prefix}}", "pfx_"))
+	require.Len(t, stmts, 4)
+	for _, s := range stmts {
 		require.True(t, strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS pfx_"), s)
 		require.NotContains(t, s, "{{prefix}}")
 		require.NotContains(t, s, "--")

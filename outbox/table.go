@@ -7,15 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/migrate"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
@@ -55,113 +52,18 @@ func NewTable(prefix string) (Table, error) {
 // Name returns the table name, for example "rmqtx_outbox".
 func (t Table) Name() string { return t.name }
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		return nil, fmt.Errorf("outbox: read migrations: %w", err)
-	}
-	var out []migration
-	for _, e := range entries {
-		num, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("outbox: migration %q has no version prefix", e.Name())
-		}
-		b, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, fmt.Errorf("outbox: read migration: %w", err)
-		}
-		out = append(out, migration{version: v, name: e.Name(), sql: string(b)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
-	return out, nil
-}
-
-// statements splits a migration into statements: comment lines dropped, a
-// statement ends with a line ending in ';'.
-func statements(src, table string) []string {
-	var out []string
-	var cur strings.Builder
-	for _, line := range strings.Split(src, "\n") {
-		trimmed := strings.TrimSpace(line)
-		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
-			continue
-		}
-		cur.WriteString(line)
-		cur.WriteByte('\n')
-		if strings.HasSuffix(trimmed, ";") {
-			out = append(out, strings.ReplaceAll(strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"), "{{table}}", table))
-			cur.Reset()
-		}
-	}
-	if s := strings.TrimSpace(cur.String()); s != "" {
-		out = append(out, strings.ReplaceAll(s, "{{table}}", table))
-	}
-	return out
-}
-
 // Migrate creates or upgrades the outbox table. It is idempotent and safe to
 // run from several processes at once: migrations are serialized with a named
 // lock (GET_LOCK) and recorded in <prefix>outbox_schema. Works on MariaDB
 // 10.6+ and MySQL 8.
 func (t Table) Migrate(ctx context.Context, db *sqlx.DB) error {
-	ms, err := migrations()
+	err := migrate.Run(ctx, db, migrate.Plan{
+		FS: migrationFS, Dir: "migrations",
+		Replace:     map[string]string{"{{table}}": t.name},
+		SchemaTable: t.schema,
+	})
 	if err != nil {
-		return err
-	}
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		return fmt.Errorf("outbox: migrate: %w", err)
-	}
-	defer conn.Close()
-	var got sql.NullInt64
-	if err := conn.GetContext(ctx, &got, "SELECT GET_LOCK(?, 60)", "rmqtx_migrate_"+t.name); err != nil {
-		return fmt.Errorf("outbox: migrate lock: %w", err)
-	}
-	if !got.Valid || got.Int64 != 1 {
-		return fmt.Errorf("outbox: migrate: could not take lock rmqtx_migrate_%s within 60s", t.name)
-	}
-	defer func() {
-		// Release on a fresh context: the caller's may be done.
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(rctx, "SELECT RELEASE_LOCK(?)", "rmqtx_migrate_"+t.name)
-	}()
-	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+t.schema+` (
-    version    INT          NOT NULL,
-    name       VARCHAR(128) NOT NULL,
-    applied_at DATETIME(6)  NOT NULL,
-    PRIMARY KEY (version)
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin`); err != nil {
-		return fmt.Errorf("outbox: migrate: create %s: %w", t.schema, err)
-	}
-	var applied []int
-	if err := conn.SelectContext(ctx, &applied, "SELECT version FROM "+t.schema); err != nil {
-		return fmt.Errorf("outbox: migrate: read %s: %w", t.schema, err)
-	}
-	done := map[int]bool{}
-	for _, v := range applied {
-		done[v] = true
-	}
-	for _, m := range ms {
-		if done[m.version] {
-			continue
-		}
-		for _, stmt := range statements(m.sql, t.name) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("outbox: migrate %s: %w", m.name, err)
-			}
-		}
-		if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+t.schema+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
-			m.version, m.name); err != nil {
-			return fmt.Errorf("outbox: migrate: record %s: %w", m.name, err)
-		}
+		return fmt.Errorf("outbox: %w", err)
 	}
 	return nil
 }

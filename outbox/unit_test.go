@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/migrate"
 )
 
 func TestClassify(t *testing.T) {
@@ -159,11 +160,11 @@ func TestNewTable(t *testing.T) {
 
 func TestMigrationStatements(t *testing.T) {
 	t.Parallel()
-	ms, err := migrations()
+	ms, err := migrate.Load(migrationFS, "migrations")
 	require.NoError(t, err)
 	require.NotEmpty(t, ms)
-	require.Equal(t, 1, ms[0].version)
-	stmts := statements(ms[0].sql, "p_outbox")
+	require.Equal(t, 1, ms[0].Version)
+	stmts := migrate.Statements(ms[0].SQL, strings.NewReplacer("{{table}}", "p_outbox"))
 	require.Len(t, stmts, 1)
 	require.Contains(t, stmts[0], "CREATE TABLE IF NOT EXISTS p_outbox (")
 	require.NotContains(t, stmts[0], "{{")

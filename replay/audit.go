@@ -6,10 +6,11 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/rmqtx/rmqtx/internal/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -19,38 +20,15 @@ var migrationFS embed.FS
 // <prefix>replay_audit_item) idempotently and records the schema version in
 // <prefix>replay_schema. The consumer tables must exist (consumer.Migrate).
 func (r *Replayer) Migrate(ctx context.Context) error {
-	src, err := migrationFS.ReadFile("migrations/001_replay_audit.sql")
+	err := migrate.Run(ctx, r.cfg.DB, migrate.Plan{
+		FS: migrationFS, Dir: "migrations",
+		Replace:     map[string]string{"{{prefix}}": r.cfg.TablePrefix},
+		SchemaTable: r.t.schema,
+	})
 	if err != nil {
-		return fmt.Errorf("replay: migrate: %w", err)
-	}
-	for _, stmt := range statements(string(src), r.cfg.TablePrefix) {
-		if _, err := r.cfg.DB.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("replay: migrate: %w", err)
-		}
-	}
-	if _, err := r.cfg.DB.ExecContext(ctx, "INSERT IGNORE INTO "+r.t.schema+" (version, applied_at) VALUES (1, UTC_TIMESTAMP(6))"); err != nil {
-		return fmt.Errorf("replay: migrate: record version: %w", err)
+		return fmt.Errorf("replay: %w", err)
 	}
 	return nil
-}
-
-// statements splits a migration on lines ending with ';', dropping comment
-// lines, with {{prefix}} replaced.
-func statements(src, prefix string) []string {
-	var out []string
-	var cur strings.Builder
-	for _, line := range strings.Split(src, "\n") {
-		t := strings.TrimSpace(line)
-		if t == "" || strings.HasPrefix(t, "--") {
-			continue
-		}
-		cur.WriteString(line + "\n")
-		if strings.HasSuffix(t, ";") {
-			out = append(out, strings.ReplaceAll(strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"), "{{prefix}}", prefix))
-			cur.Reset()
-		}
-	}
-	return out
 }
 
 // Audit is one replay_audit row.

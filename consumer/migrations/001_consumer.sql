@@ -80,9 +80,3 @@ CREATE TABLE IF NOT EXISTS {{prefix}}dead_letter (
   KEY idx_dead_letter_business_key (business_key),
   KEY idx_dead_letter_event_type (event_type)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
-
-CREATE TABLE IF NOT EXISTS {{prefix}}consumer_schema (
-  version    INT         NOT NULL,
-  applied_at DATETIME(6) NOT NULL,
-  PRIMARY KEY (version)
-) ENGINE=InnoDB;

@@ -34,9 +34,3 @@ CREATE TABLE IF NOT EXISTS {{prefix}}replay_audit_item (
   PRIMARY KEY (audit_id, dead_letter_id),
   KEY idx_replay_audit_item_event (event_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
-
-CREATE TABLE IF NOT EXISTS {{prefix}}replay_schema (
-  version    INT         NOT NULL,
-  applied_at DATETIME(6) NOT NULL,
-  PRIMARY KEY (version)
-) ENGINE=InnoDB;

@@ -18,10 +18,9 @@ import (
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/admin"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/internal/localenv"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 )
 
@@ -30,50 +29,11 @@ const HowToStart = "start the local services with `make up` (or `scripts/service
 	"settings come from RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER, RMQTX_MYSQL_PASSWORD, RMQTX_NAMESRV and RMQTX_BROKER; " +
 	"use `go test -short` to run only the unit tests"
 
-// Settings are the connection settings, read from the environment with
-// defaults that match scripts/services.sh.
-type Settings struct {
-	MySQLAddr     string // RMQTX_MYSQL_ADDR, default 127.0.0.1:3307
-	MySQLUser     string // RMQTX_MYSQL_USER, default rmqtx
-	MySQLPassword string // RMQTX_MYSQL_PASSWORD, default rmqtx
-	NameServer    string // RMQTX_NAMESRV, default 127.0.0.1:9876
-	Broker        string // RMQTX_BROKER, default 127.0.0.1:10911
-}
-
-func env(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
+// Settings are the connection settings (see package localenv).
+type Settings = localenv.Settings
 
 // Load reads the settings from the environment.
-func Load() Settings {
-	return Settings{
-		MySQLAddr:     env("RMQTX_MYSQL_ADDR", "127.0.0.1:3307"),
-		MySQLUser:     env("RMQTX_MYSQL_USER", "rmqtx"),
-		MySQLPassword: env("RMQTX_MYSQL_PASSWORD", "rmqtx"),
-		NameServer:    env("RMQTX_NAMESRV", "127.0.0.1:9876"),
-		Broker:        env("RMQTX_BROKER", "127.0.0.1:10911"),
-	}
-}
-
-// DSN returns a go-sql-driver DSN for database name (may be empty).
-func (s Settings) DSN(dbName string) string {
-	c := mysql.NewConfig()
-	c.User = s.MySQLUser
-	c.Passwd = s.MySQLPassword
-	c.Net = "tcp"
-	c.Addr = s.MySQLAddr
-	c.DBName = dbName
-	c.ParseTime = true
-	c.Loc = time.UTC
-	c.Params = map[string]string{"time_zone": "'+00:00'"}
-	c.Timeout = 5 * time.Second
-	c.ReadTimeout = 60 * time.Second
-	c.WriteTimeout = 60 * time.Second
-	return c.FormatDSN()
-}
+func Load() Settings { return localenv.Load() }
 
 var (
 	probeOnce sync.Once
@@ -81,14 +41,10 @@ var (
 )
 
 func probe(s Settings) error {
+	if err := s.CheckLoopback(); err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
 	for _, addr := range []string{s.MySQLAddr, s.NameServer, s.Broker} {
-		host, _, err := net.SplitHostPort(addr)
-		if err != nil {
-			return fmt.Errorf("testenv: bad address %q: %w", addr, err)
-		}
-		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-			return fmt.Errorf("testenv: %s is not a loopback address; rmqtx tests only talk to 127.0.0.1", addr)
-		}
 		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 		if err != nil {
 			return fmt.Errorf("testenv: cannot reach %s: %w", addr, err)
@@ -187,11 +143,6 @@ func DBName(t testing.TB, db *sqlx.DB) string {
 		t.Fatalf("testenv: %v", err)
 	}
 	return name
-}
-
-// NameServerResolver returns the explicit, loopback-only name server resolver.
-func (s Settings) NameServerResolver() primitive.NsResolver {
-	return primitive.NewPassthroughResolver([]string{s.NameServer})
 }
 
 // CreateTopic creates topic on the test broker with the given number of

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
 )
 
 // Store reads and writes the transaction log table. It is safe for
@@ -62,23 +63,23 @@ func (s *Store) Table() string { return s.table }
 func (s *Store) DB() *sqlx.DB { return s.db }
 
 type dbRow struct {
-	EventID          string         `db:"event_id"`
-	ProducerGroup    string         `db:"producer_group"`
-	Topic            string         `db:"topic"`
-	Tags             string         `db:"tags"`
-	Keys             string         `db:"msg_keys"`
-	EventType        string         `db:"event_type"`
-	State            string         `db:"state"`
-	Payload          []byte         `db:"payload"`
-	PayloadHash      string         `db:"payload_hash"`
-	Properties       sql.NullString `db:"properties"`
-	BusinessKey      string         `db:"business_key"`
-	CreatedAt        time.Time      `db:"created_at"`
-	ResolvedAt       time.Time      `db:"resolved_at"`
-	ResolvedBy       string         `db:"resolved_by"`
-	RecoveredAt      sql.NullTime   `db:"recovered_at"`
-	RecoveryDecision sql.NullString `db:"recovery_decision"`
-	RecoveryNote     sql.NullString `db:"recovery_note"`
+	EventID          string           `db:"event_id"`
+	ProducerGroup    string           `db:"producer_group"`
+	Topic            string           `db:"topic"`
+	Tags             string           `db:"tags"`
+	Keys             string           `db:"msg_keys"`
+	EventType        string           `db:"event_type"`
+	State            string           `db:"state"`
+	Payload          []byte           `db:"payload"`
+	PayloadHash      string           `db:"payload_hash"`
+	Properties       sql.NullString   `db:"properties"`
+	BusinessKey      string           `db:"business_key"`
+	CreatedAt        sqltime.Time     `db:"created_at"`
+	ResolvedAt       sqltime.Time     `db:"resolved_at"`
+	ResolvedBy       string           `db:"resolved_by"`
+	RecoveredAt      sqltime.NullTime `db:"recovered_at"`
+	RecoveryDecision sql.NullString   `db:"recovery_decision"`
+	RecoveryNote     sql.NullString   `db:"recovery_note"`
 }
 
 func (r dbRow) row() Row {
@@ -86,17 +87,10 @@ func (r dbRow) row() Row {
 		EventID: r.EventID, ProducerGroup: r.ProducerGroup, Topic: r.Topic, Tags: r.Tags, Keys: r.Keys,
 		EventType: r.EventType, State: State(r.State), Payload: r.Payload, PayloadHash: r.PayloadHash,
 		Properties: r.Properties.String, BusinessKey: r.BusinessKey,
-		CreatedAt: r.CreatedAt.UTC(), ResolvedAt: r.ResolvedAt.UTC(), ResolvedBy: ResolvedBy(r.ResolvedBy),
-		RecoveredAt: nullTime(r.RecoveredAt), RecoveryDecision: RecoveryDecision(r.RecoveryDecision.String),
+		CreatedAt: r.CreatedAt.Time, ResolvedAt: r.ResolvedAt.Time, ResolvedBy: ResolvedBy(r.ResolvedBy),
+		RecoveredAt: r.RecoveredAt.Time, RecoveryDecision: RecoveryDecision(r.RecoveryDecision.String),
 		RecoveryNote: r.RecoveryNote.String,
 	}
-}
-
-func nullTime(t sql.NullTime) time.Time {
-	if !t.Valid {
-		return time.Time{}
-	}
-	return t.Time.UTC()
 }
 
 func nullable(s string) any {

@@ -417,20 +417,39 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { p.inflight.Wait(); close(done) }()
 	var errs []error
+	drained := true
 	select {
 	case <-done:
 	case <-ctx.Done():
-		errs = append(errs, fmt.Errorf("waiting for sends in flight: %w", ctx.Err()))
+		drained = false
+		errs = append(errs, fmt.Errorf("waiting for sends in flight: %w (the client stops when they return)", ctx.Err()))
 	}
 	if p.recovery != nil {
 		if err := p.recovery.Shutdown(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := tp.Shutdown(); err != nil {
-		errs = append(errs, err)
+	stop := func() error {
+		err := tp.Shutdown()
+		stopCheckLoop(tp)
+		return err
 	}
-	stopCheckLoop(tp)
+	if drained {
+		if err := stop(); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		// Stopping the client under a running SendMessageInTransaction
+		// races inside the client (its end-transaction reads state that
+		// Shutdown writes). The sends are bounded by SendTimeout and
+		// LocalTxTimeout, so stop it as soon as they return.
+		go func() {
+			<-done
+			if err := stop(); err != nil {
+				p.cfg.Logger.Warnf("txproducer: deferred client shutdown: %v", err)
+			}
+		}()
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("txproducer: shutdown: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
@@ -208,7 +210,13 @@ func (d *Dispatcher) drain(ctx, sendCtx context.Context) {
 		if err != nil {
 			if ctx.Err() == nil {
 				d.stats.claimErrors.Add(1)
-				d.cfg.Logger.WithError(err).Warn("outbox: claim failed; retrying at the next poll")
+				log := d.cfg.Logger.WithError(err)
+				if isDeadlock(err) {
+					// InnoDB rolled the claim back whole: nothing to repair.
+					log.Debug("outbox: claim lost a deadlock; retrying at the next poll")
+				} else {
+					log.Warn("outbox: claim failed; retrying at the next poll")
+				}
 			}
 			return
 		}
@@ -408,4 +416,11 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// isDeadlock reports MySQL error 1213 (deadlock, transaction rolled back)
+// or 1205 (lock wait timeout).
+func isDeadlock(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }

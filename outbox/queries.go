@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -65,9 +66,12 @@ func newQueries(table string) queries {
 
 // claim takes up to n due head rows in one short transaction: locking
 // selects with SKIP LOCKED (so concurrent dispatchers take disjoint rows),
-// then one UPDATE to SENDING with token and a lease, then COMMIT.
+// then one UPDATE to SENDING with token and a lease, then COMMIT. It runs in
+// READ COMMITTED whatever the server's default: the claim needs no
+// snapshot, and REPEATABLE READ's gap locks make it deadlock with
+// concurrent Enqueues.
 func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration) ([]claimedRow, error) {
-	tx, err := db.BeginTxx(ctx, nil)
+	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: begin: %w", err)
 	}

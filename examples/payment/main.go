@@ -23,10 +23,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/internal/localenv"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 )
 
@@ -35,39 +35,11 @@ const demoDBPrefix = "rmqtx_demo_"
 
 // Settings are the connection settings, from the same environment variables
 // as the tests (scripts/services.sh env prints them).
-type Settings struct {
-	MySQLAddr, MySQLUser, MySQLPassword string
-	NameServer, Broker                  string
-}
-
-func getenv(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
+type Settings = localenv.Settings
 
 // LoadSettings reads RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER, RMQTX_MYSQL_PASSWORD,
 // RMQTX_NAMESRV and RMQTX_BROKER, with the local services' defaults.
-func LoadSettings() Settings {
-	return Settings{
-		MySQLAddr:     getenv("RMQTX_MYSQL_ADDR", "127.0.0.1:3307"),
-		MySQLUser:     getenv("RMQTX_MYSQL_USER", "rmqtx"),
-		MySQLPassword: getenv("RMQTX_MYSQL_PASSWORD", "rmqtx"),
-		NameServer:    getenv("RMQTX_NAMESRV", "127.0.0.1:9876"),
-		Broker:        getenv("RMQTX_BROKER", "127.0.0.1:10911"),
-	}
-}
-
-// DSN returns the DSN of database name (UTC, parsed times).
-func (s Settings) DSN(name string) string {
-	c := mysql.NewConfig()
-	c.User, c.Passwd, c.Net, c.Addr, c.DBName = s.MySQLUser, s.MySQLPassword, "tcp", s.MySQLAddr, name
-	c.ParseTime, c.Loc = true, time.UTC
-	c.Params = map[string]string{"time_zone": "'+00:00'"}
-	c.Timeout, c.ReadTimeout, c.WriteTimeout = 5*time.Second, 60*time.Second, 60*time.Second
-	return c.FormatDSN()
-}
+func LoadSettings() Settings { return localenv.Load() }
 
 func main() {
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/envelope"
+)
+
+// drain is a consumer that counts processed messages.
+type drain struct {
+	count func() int64
+	stop  func()
+}
+
+// measureDrain starts a consumer and measures how fast it processes want
+// messages: from the first processed message to the want-th, polled every
+// 2ms (the same way for every side), so client start-up and rebalancing are
+// not part of the rate. Wall time from start is kept in Extra.
+func measureDrain(ctx context.Context, e *Env, index int, want int64, start func() (*drain, error)) (Round, error) {
+	t0 := time.Now()
+	d, err := start()
+	if err != nil {
+		return Round{}, err
+	}
+	defer d.stop()
+	var (
+		tFirst time.Time
+		c0     int64
+		last   int64
+	)
+	err = waitFor(ctx, e.Opt.Timeout, 2*time.Millisecond, func() (bool, error) {
+		c := d.count()
+		if c > 0 && tFirst.IsZero() {
+			tFirst, c0 = time.Now(), c
+		}
+		last = c
+		return c >= want, nil
+	})
+	tLast := time.Now()
+	if err != nil {
+		return Round{}, fmt.Errorf("drained %d of %d messages: %w", last, want, err)
+	}
+	r := Round{Index: index, Count: want, Seconds: tLast.Sub(tFirst).Seconds(),
+		Extra: map[string]float64{"wall_seconds": tLast.Sub(t0).Seconds(), "startup_seconds": tFirst.Sub(t0).Seconds()}}
+	if r.Seconds > 0 && last > c0 {
+		r.Rate = float64(last-c0) / r.Seconds
+	}
+	return r, nil
+}
+
+// runConsumer preloads N messages into a topic, then drains them with fresh
+// groups: the raw push-consumer handler (business insert in its own
+// transaction) and the rmqtx consumer (dedup row + the same insert). Then
+// the rmqtx group drains a second topic that holds the same event ids again:
+// every message is a duplicate hit.
+func runConsumer(ctx context.Context, e *Env) *Workload {
+	o := e.Opt
+	n := o.Messages
+	w := &Workload{Name: "consumer", Params: map[string]string{
+		"goroutines": fmt.Sprint(o.Concurrency), "messages": fmt.Sprint(n), "payload": fmt.Sprint(o.Payload),
+		"rounds": fmt.Sprint(o.Rounds), "batch": "1",
+	}}
+	raw := &Side{Name: sideRawHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; handler: BEGIN; business INSERT; COMMIT"}
+	first := &Side{Name: sideFirst, Unit: "msgs/s", Description: "rmqtx consumer, first delivery: BEGIN; dedup INSERT; business INSERT; COMMIT"}
+	dup := &Side{Name: sideDuplicate, Unit: "msgs/s", Description: "rmqtx consumer, same group, same ids again: dedup hit, handler not run"}
+	noop := &Side{Name: sideNoopHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer, handler does nothing: the client's own ceiling"}
+	w.Sides = []*Side{raw, first, dup, noop}
+	fail := func(err error) *Workload { w.Error = err.Error(); return w }
+
+	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
+	rawTable, txTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc")
+	prefix := e.Names.Name("c") + "_"
+	for _, t := range []string{topic, dupTopic} {
+		if err := e.CreateTopic(ctx, t, 4); err != nil {
+			return fail(err)
+		}
+	}
+	for _, t := range []string{rawTable, txTable} {
+		if err := e.businessTable(ctx, t); err != nil {
+			return fail(err)
+		}
+	}
+	if err := consumer.Migrate(ctx, e.DB, prefix); err != nil {
+		return fail(fmt.Errorf("consumer migrate: %w", err))
+	}
+
+	// Preload: the same N events (rmqtx envelope) into both topics.
+	p, err := e.newRawProducer(e.Names.Name("cpre"), 2)
+	if err != nil {
+		return fail(err)
+	}
+	t0 := time.Now()
+	for _, t := range []string{topic, dupTopic} {
+		msgs := make([]*primitive.Message, n)
+		for i := range msgs {
+			// Same id and payload in both topics: i-th message of each.
+			id := fmt.Sprintf("%s-%06d", e.Names.Run(), i)
+			msgs[i] = envelopeMessage(t, id, makePayload(o.Payload, int64(i)))
+		}
+		if err := e.preload(ctx, p, msgs); err != nil {
+			_ = p.Shutdown()
+			return fail(err)
+		}
+	}
+	_ = p.Shutdown()
+	e.Log("  preloaded %d messages into 2 topics in %s", n, time.Since(t0).Round(time.Millisecond))
+
+	rawInsert, txInsert := insertOrderSQL(rawTable), insertOrderSQL(txTable)
+	startNoop := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			var c atomic.Int64
+			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(context.Context, *primitive.MessageExt) error {
+				c.Add(1)
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+		}
+	}
+	startRaw := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			var c atomic.Int64
+			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
+				tx, err := e.DB.BeginTxx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, rawInsert, m.GetProperty(envelope.PropEventID), int64(len(m.Body)), m.Body); err != nil {
+					_ = tx.Rollback()
+					return err
+				}
+				if err := tx.Commit(); err != nil {
+					return err
+				}
+				c.Add(1)
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+		}
+	}
+	var handlerRuns atomic.Int64
+	handler := func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+		if _, err := tx.ExecContext(ctx, txInsert, ev.ID, int64(len(ev.Payload)), ev.Payload); err != nil {
+			return err
+		}
+		handlerRuns.Add(1)
+		return nil
+	}
+	startRmqtx := func(group, t string, duplicates bool) func() (*drain, error) {
+		return func() (*drain, error) {
+			c, err := consumer.New(consumer.Config{
+				ProcessorConfig: consumer.ProcessorConfig{
+					Group: group, DB: e.DB, TablePrefix: prefix,
+					Routes:      map[string]consumer.Route{benchEventType: {Handler: handler}},
+					VersionMode: consumer.VersionNone,
+				},
+				NameServer: []string{e.S.NameServer},
+				Topic:      t,
+				Goroutines: o.Concurrency,
+				BatchSize:  1,
+			})
+			if err != nil {
+				return nil, err
+			}
+			if err := c.Start(ctx); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			count := func() int64 {
+				st := c.Processor().Stats()
+				if duplicates {
+					return st.Duplicates
+				}
+				return st.Applied
+			}
+			stop := func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_ = c.Shutdown(sctx)
+			}
+			return &drain{count: count, stop: stop}, nil
+		}
+	}
+
+	// Warm-up: a throw-away group of each kind drains the topic once (not
+	// measured), so the broker's page cache, the connection pool and the
+	// JIT-compiled paths are warm for both sides alike.
+	if o.Warmup > 0 {
+		if _, err := measureDrain(ctx, e, 0, int64(n), startRaw(e.Names.Name("cwarmraw"))); err != nil {
+			return fail(fmt.Errorf("warm-up raw: %w", err))
+		}
+		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), topic, false)); err != nil {
+			return fail(fmt.Errorf("warm-up rmqtx: %w", err))
+		}
+		e.Log("  warm-up done")
+	}
+
+	order := []string{sideRawHandler, sideFirst}
+	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
+		rawGroup, txGroup := e.Names.Name("craw"), e.Names.Name("ctx")
+		for _, name := range rotate(order, r) {
+			var (
+				ro  Round
+				err error
+			)
+			if name == sideRawHandler {
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRaw(rawGroup))
+				if err == nil {
+					raw.Rounds = append(raw.Rounds, ro)
+				}
+			} else {
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false))
+				if err == nil {
+					first.Rounds = append(first.Rounds, ro)
+				}
+			}
+			if err != nil {
+				return fail(fmt.Errorf("round %d %s: %w", r+1, name, err))
+			}
+			e.Log("  round %d %-32s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+		}
+		// Duplicates right after first delivery of the same group: every
+		// dedup row exists.
+		ro, err := measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, dupTopic, true))
+		if err != nil {
+			return fail(fmt.Errorf("round %d %s: %w", r+1, sideDuplicate, err))
+		}
+		dup.Rounds = append(dup.Rounds, ro)
+		e.Log("  round %d %-32s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, sideDuplicate, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+		// The client's ceiling: a handler that does nothing.
+		ro, err = measureDrain(ctx, e, r+1, int64(n), startNoop(e.Names.Name("cnoop")))
+		if err != nil {
+			return fail(fmt.Errorf("round %d %s: %w", r+1, sideNoopHandler, err))
+		}
+		noop.Rounds = append(noop.Rounds, ro)
+		e.Log("  round %d %-32s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, sideNoopHandler, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+	}
+
+	// Effects: the rmqtx handler ran once per (group, event) - warm-up group
+	// included - and never for a duplicate.
+	rounds := int64(len(first.Rounds))
+	warm := int64(0)
+	if o.Warmup > 0 {
+		warm = 1
+	}
+	if got, wantRuns := handlerRuns.Load(), (rounds+warm)*int64(n); got != wantRuns {
+		w.Notes = append(w.Notes, fmt.Sprintf("rmqtx handler ran %d times for %d (group, event) pairs (redeliveries of rolled-back attempts count too)", got, wantRuns))
+	}
+	if rows, err := e.countRows(ctx, txTable); err == nil {
+		if int64(rows) != (rounds+warm)*int64(n) {
+			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d rmqtx business rows for %d (group, event) pairs", rows, (rounds+warm)*int64(n)))
+		} else {
+			e.Log("  check: %d rmqtx business rows = %d groups x %d events; 0 effects from %d duplicate deliveries", rows, rounds+warm, n, int64(len(dup.Rounds))*int64(n))
+		}
+	}
+	w.Notes = append(w.Notes,
+		"rate = messages processed from the first to the last one (polled every 2ms), so client start-up and rebalancing are excluded; wall time with start-up is in the JSON (extra.wall_seconds)",
+		"every round uses fresh consumer groups on one preloaded topic; the duplicate side re-reads the same ids from a second topic with the first-delivery group")
+	return w
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/outbox"
+)
+
+// In-process hot paths reachable through public APIs, beside
+// internal/envelope's own benchmarks: what the outbox sink builds per row,
+// what the consumer converts per delivery, what a check decodes per request.
+
+func BenchmarkOutboxRocketMQMessage(b *testing.B) {
+	m := &outbox.Message{Event: outbox.Event{
+		EventID: envelope.NewEventID(), EventType: benchEventType, Destination: "bench_topic",
+		AggregateType: "Order", AggregateID: "order-000123", AggregateVersion: 2,
+		MessageKey: "pay-000123", Payload: makePayload(512, 1),
+	}, Attempt: 1}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = outbox.RocketMQMessage(m)
+	}
+}
+
+func benchExt() *primitive.MessageExt {
+	id := envelope.NewEventID()
+	payload := makePayload(512, 1)
+	ext := &primitive.MessageExt{MsgId: id, QueueOffset: 42}
+	ext.Topic, ext.Body = "bench_topic", payload
+	ext.WithTag(benchEventType)
+	ext.WithKeys([]string{id})
+	ext.WithProperties(envelope.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
+	return ext
+}
+
+func BenchmarkConsumerMessageFromExt(b *testing.B) {
+	ext := benchExt()
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = consumer.MessageFromExt(ext)
+	}
+}
+
+func BenchmarkConsumerDecodeAndHash(b *testing.B) {
+	// What Processor.Process does before touching the database.
+	msg := consumer.MessageFromExt(benchExt())
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := envelope.Decode(msg.Properties); err != nil {
+			b.Fatal(err)
+		}
+		_ = envelope.Hash(msg.Body)
+	}
+}
+
+func BenchmarkCheckbackQueryFromMessage(b *testing.B) {
+	ext := benchExt()
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = checkback.QueryFromMessage(ext)
+	}
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// runLocalTx isolates the database part of the producer: the raw listener's
+// local transaction (BEGIN; business INSERT; COMMIT) against rmqtx's (BEGIN;
+// txlog INSERT of the row txproducer writes; business INSERT; COMMIT), with
+// no broker. It explains how much of the producer ratio is the txlog row.
+func runLocalTx(ctx context.Context, e *Env) *Workload {
+	o := e.Opt
+	w := &Workload{Name: "localtx", Params: map[string]string{
+		"concurrency": fmt.Sprint(o.Concurrency), "payload": fmt.Sprint(o.Payload),
+		"round": roundDesc(o), "rounds": fmt.Sprint(o.Rounds),
+	}}
+	fail := func(err error) *Workload { w.Error = err.Error(); return w }
+	rawTable, txTable := e.Names.Name("orders_rawl"), e.Names.Name("orders_rmqtxl")
+	for _, t := range []string{rawTable, txTable} {
+		if err := e.businessTable(ctx, t); err != nil {
+			return fail(err)
+		}
+	}
+	store, err := newTxlog(ctx, e)
+	if err != nil {
+		return fail(err)
+	}
+	group, topic := e.Names.Name("lg"), e.Names.Name("lt")
+	payloadSize, noPayload := o.Payload, o.NoPayload
+
+	raw := &loopSide{side: &Side{Name: "raw local tx (no broker)", Unit: "tx/s", Description: "BEGIN; business INSERT; COMMIT"}, table: rawTable}
+	rawInsert := insertOrderSQL(rawTable)
+	raw.op = raw.counted(func(ctx context.Context, _ int, seq int64) error {
+		payload := makePayload(payloadSize, seq)
+		tx, err := e.DB.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, rawInsert, envelope.NewEventID(), int64(len(payload)), payload); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+
+	tx := &loopSide{side: &Side{Name: "rmqtx local tx (no broker)", Unit: "tx/s", Description: "BEGIN; txlog.Store.Insert (the row txproducer writes, payload stored); business INSERT; COMMIT"}, table: txTable}
+	txInsert := insertOrderSQL(txTable)
+	tx.op = tx.counted(func(ctx context.Context, _ int, seq int64) error {
+		id := envelope.NewEventID()
+		payload := makePayload(payloadSize, seq)
+		props := envelope.Envelope{EventID: id, EventType: benchEventType}.Properties(payload)
+		propJSON, _ := json.Marshal(props)
+		t, err := e.DB.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		row := txlog.Row{
+			EventID: id, ProducerGroup: group, Topic: topic, Tags: benchEventType, Keys: id, EventType: benchEventType,
+			State: txlog.StateCommitted, Payload: payload, PayloadHash: props[envelope.PropPayloadHash],
+			Properties: string(propJSON), ResolvedBy: txlog.ByLocalCommit,
+		}
+		if noPayload {
+			row.Payload = nil
+		}
+		if err := store.Insert(ctx, t, row); err != nil {
+			_ = t.Rollback()
+			return err
+		}
+		if _, err := t.ExecContext(ctx, txInsert, id, int64(len(payload)), payload); err != nil {
+			_ = t.Rollback()
+			return err
+		}
+		return t.Commit()
+	})
+	w.Sides = []*Side{raw.side, tx.side}
+	measureLoops(ctx, e, w, []*loopSide{raw, tx})
+	w.Notes = append(w.Notes, "diagnostic for the producer ratio: the same local transactions without the broker")
+	return w
+}

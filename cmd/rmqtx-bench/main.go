@@ -1,0 +1,294 @@
+// Command rmqtx-bench runs each rmqtx workload next to the raw
+// rocketmq-client-go doing the same work, in one run, against the same local
+// broker and database, at the same concurrency, and prints the ratios.
+//
+// Only a ratio within one run means anything on a shared, noisy machine: the
+// sides alternate round by round (raw, rmqtx, rmqtx, raw, ...), each ratio is
+// the median of the per-round ratios, and every workload gets fresh topics,
+// groups and tables after a warm-up.
+//
+//	go run ./cmd/rmqtx-bench -workloads producer,consumer,outbox,checkback -json bench-results.json
+//
+// See BENCHMARKS.md for the method and the latest figures.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+)
+
+// Options are the command-line settings shared by every workload.
+type Options struct {
+	Workloads   []string
+	Concurrency int
+	Rounds      int
+	Duration    time.Duration // producer: length of one measured round per side
+	N           int64         // producer: operations per round per side (overrides Duration)
+	Messages    int           // consumer and outbox: messages per round per side
+	Halves      int           // checkback: orphaned half messages per round
+	Warmup      time.Duration
+	Payload     int
+	FenceAge    time.Duration
+	Timeout     time.Duration // bound on one drain / resolution
+	Verbose     bool
+	DSNParams   string // extra go-sql-driver DSN parameters, both sides
+	NoPayload   bool   // txproducer DisablePayloadStorage (experiment)
+}
+
+var allWorkloads = []string{"producer", "localtx", "consumer", "outbox", "checkback"}
+
+type workloadFunc func(ctx context.Context, e *Env) *Workload
+
+var workloadFuncs = map[string]workloadFunc{
+	"producer":  runProducer,
+	"localtx":   runLocalTx,
+	"consumer":  runConsumer,
+	"outbox":    runOutbox,
+	"checkback": runCheckback,
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rmqtx-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		opt        Options
+		workloads  string
+		jsonPath   string
+		cpuProfile string
+		keep       bool
+		brokerVer  string
+	)
+	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "comma-separated workloads to run: "+strings.Join(allWorkloads, ", "))
+	fs.IntVar(&opt.Concurrency, "concurrency", 8, "concurrent operations on every side (producer workers, consumer goroutines, outbox sends in flight)")
+	fs.IntVar(&opt.Rounds, "rounds", 5, "measured rounds per side; sides alternate within each round")
+	fs.DurationVar(&opt.Duration, "duration", 2*time.Second, "producer: length of one measured round per side")
+	fs.Int64Var(&opt.N, "n", 0, "producer: operations per round per side instead of -duration (0: use -duration)")
+	fs.IntVar(&opt.Messages, "messages", 2000, "consumer and outbox: messages per round per side")
+	fs.IntVar(&opt.Halves, "halves", 200, "checkback: orphaned half messages per round")
+	fs.DurationVar(&opt.Warmup, "warmup", 2*time.Second, "warm-up per side before the first measured round")
+	fs.IntVar(&opt.Payload, "payload", 512, "message payload size in bytes")
+	fs.DurationVar(&opt.FenceAge, "fence-age", 2*time.Second, "checkback: the rmqtx producer's fence age (must be below the broker's transactionTimeOut to fence on the first check)")
+	fs.DurationVar(&opt.Timeout, "timeout", 2*time.Minute, "upper bound for one drain or resolution")
+	fs.StringVar(&jsonPath, "json", "", "write the JSON report to this file ('-' for stdout after the table)")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.BoolVar(&keep, "keep", false, "keep the run's database instead of dropping it")
+	fs.StringVar(&brokerVer, "broker-version", os.Getenv("RMQTX_ROCKETMQ_VERSION"), "broker version to record (scripts/bench.sh detects it)")
+	fs.BoolVar(&opt.Verbose, "v", false, "log progress and client warnings to stderr")
+	fs.StringVar(&opt.DSNParams, "dsn-params", "", "extra go-sql-driver DSN parameters for every side, e.g. interpolateParams=true")
+	fs.BoolVar(&opt.NoPayload, "txlog-no-payload", false, "rmqtx producer: DisablePayloadStorage (only the hash is stored in the txlog)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	for _, w := range strings.Split(workloads, ",") {
+		w = strings.TrimSpace(w)
+		if w == "" {
+			continue
+		}
+		if _, ok := workloadFuncs[w]; !ok {
+			fmt.Fprintf(stderr, "rmqtx-bench: unknown workload %q (have %s)\n", w, strings.Join(allWorkloads, ", "))
+			return 2
+		}
+		opt.Workloads = append(opt.Workloads, w)
+	}
+	if opt.Concurrency < 1 || opt.Rounds < 1 || opt.Payload < 1 || opt.Messages < 1 || opt.Halves < 2 {
+		fmt.Fprintln(stderr, "rmqtx-bench: -concurrency, -rounds, -payload, -messages must be >= 1 and -halves >= 2")
+		return 2
+	}
+	if opt.N > 0 {
+		opt.Duration = 0
+	}
+
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(stderr, "[bench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+	if opt.Verbose {
+		l := logrus.New()
+		l.SetOutput(stderr)
+		l.SetLevel(logrus.WarnLevel)
+		rmqlog.Install(l)
+	} else {
+		rmqlog.Install(nil)
+	}
+
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "rmqtx-bench: %v\n", err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "rmqtx-bench: %v\n", err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	rep := &Report{StartedAt: time.Now().UTC(), Command: "rmqtx-bench " + strings.Join(args, " ")}
+	rep.Settings = map[string]string{
+		"workloads":   strings.Join(opt.Workloads, ","),
+		"concurrency": fmt.Sprint(opt.Concurrency),
+		"rounds":      fmt.Sprint(opt.Rounds),
+		"duration":    opt.Duration.String(),
+		"n":           fmt.Sprint(opt.N),
+		"messages":    fmt.Sprint(opt.Messages),
+		"halves":      fmt.Sprint(opt.Halves),
+		"warmup":      opt.Warmup.String(),
+		"payload":     fmt.Sprint(opt.Payload),
+		"fence_age":   opt.FenceAge.String(),
+	}
+	if opt.DSNParams != "" {
+		rep.Settings["dsn_params"] = opt.DSNParams
+	}
+	if opt.NoPayload {
+		rep.Settings["txlog_no_payload"] = "true"
+	}
+	for _, k := range []string{"RMQTX_TX_TIMEOUT_MS", "RMQTX_TX_CHECK_INTERVAL_MS", "RMQTX_TX_CHECK_MAX"} {
+		if v := os.Getenv(k); v != "" {
+			rep.Settings[strings.ToLower(strings.TrimPrefix(k, "RMQTX_"))] = v
+		}
+	}
+
+	svc := LoadServices()
+	svc.DSNParams = opt.DSNParams
+	env, err := OpenEnv(ctx, svc, opt, logf)
+	if err != nil {
+		fmt.Fprintf(stderr, "rmqtx-bench: %v\n", err)
+		return 1
+	}
+	defer env.Close(keep)
+	rep.Machine = ReadMachine(ctx, env.DB, brokerVer)
+	logf("run %s, database %s, %d cores", env.Names.Run(), env.DBName, rep.Machine.Cores)
+
+	failed := false
+	for _, name := range opt.Workloads {
+		if ctx.Err() != nil {
+			break
+		}
+		logf("workload %s", name)
+		t0 := time.Now()
+		w := workloadFuncs[name](ctx, env)
+		if w.Error != "" {
+			failed = true
+			logf("workload %s: %s", name, w.Error)
+		}
+		for _, s := range w.Sides {
+			s.Summarize()
+		}
+		rep.Workloads = append(rep.Workloads, w)
+		logf("workload %s done in %s", name, time.Since(t0).Round(time.Second))
+	}
+	rep.Seconds = time.Since(rep.StartedAt).Seconds()
+	for _, w := range rep.Workloads {
+		addRatios(w)
+	}
+	rep.Finish()
+	rep.WriteTable(stdout)
+
+	if jsonPath != "" {
+		if err := writeJSON(rep, jsonPath, stdout); err != nil {
+			fmt.Fprintf(stderr, "rmqtx-bench: %v\n", err)
+			return 1
+		}
+		if jsonPath != "-" {
+			logf("JSON written to %s", jsonPath)
+		}
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "rmqtx-bench: interrupted")
+		return 130
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+func writeJSON(rep *Report, path string, stdout io.Writer) error {
+	if path == "-" {
+		return rep.WriteJSON(stdout)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteJSON(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Side names and the issue's targets (issue 8).
+const (
+	sideRawTx       = "raw tx producer"
+	sideRawSendSync = "raw SendSync (ceiling, no DB)"
+	sideRmqtxSend   = "rmqtx Send"
+
+	sideRawHandler  = "raw handler"
+	sideFirst       = "rmqtx first delivery"
+	sideDuplicate   = "rmqtx duplicate hit"
+	sideNoopHandler = "raw no-op handler (ceiling)"
+
+	sideOutboxRaw  = "raw SendSync"
+	sideOutboxOne  = "rmqtx dispatcher x1"
+	sideOutboxTwo  = "rmqtx dispatcher x2"
+	sideCheckResol = "rmqtx check-back (2nd instance)"
+
+	targetProducer  = 0.90
+	targetFirst     = 0.85
+	targetDuplicate = 2.0
+	targetOutbox    = 0.80
+)
+
+// addRatios adds each workload's ratios (skipped when a side did not run).
+func addRatios(w *Workload) {
+	switch w.Name {
+	case "producer":
+		w.AddRatio("rmqtx Send / raw tx producer (tx/s)", sideRmqtxSend, sideRawTx, targetProducer)
+		w.AddRatio("rmqtx Send / raw SendSync ceiling (tx/s)", sideRmqtxSend, sideRawSendSync, 0)
+		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
+	case "localtx":
+		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
+	case "consumer":
+		w.AddRatio("rmqtx first delivery / raw handler", sideFirst, sideRawHandler, targetFirst)
+		w.AddRatio("rmqtx duplicate hit / rmqtx first delivery", sideDuplicate, sideFirst, targetDuplicate)
+		w.AddRatio("rmqtx duplicate hit / raw no-op ceiling", sideDuplicate, sideNoopHandler, 0)
+		w.AddRatio("raw handler / raw no-op ceiling", sideRawHandler, sideNoopHandler, 0)
+	case "outbox":
+		w.AddRatio("dispatcher x1 / raw SendSync", sideOutboxOne, sideOutboxRaw, targetOutbox)
+		w.AddRatio("dispatcher x2 / raw SendSync", sideOutboxTwo, sideOutboxRaw, 0)
+	}
+}
+
+// rotate returns sides in the order of round r: each round starts one
+// further along, so no side always runs first (or last) in a round.
+func rotate(sides []string, r int) []string {
+	n := len(sides)
+	if n == 0 {
+		return nil
+	}
+	out := make([]string, 0, n)
+	for i := 0; i < n; i++ {
+		out = append(out, sides[(i+r)%n])
+	}
+	return out
+}

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	rmq "github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/txproducer"
+)
+
+// loopSide is one side of a closed-loop workload.
+type loopSide struct {
+	side  *Side
+	op    Op
+	close func()
+	// ok counts successful operations, warm-up included, to check the
+	// business table afterwards.
+	ok    atomic.Int64
+	table string // business table the side writes ("" for none)
+}
+
+func (s *loopSide) counted(op Op) Op {
+	return func(ctx context.Context, w int, seq int64) error {
+		err := op(ctx, w, seq)
+		if err == nil {
+			s.ok.Add(1)
+		}
+		return err
+	}
+}
+
+// runProducer measures the transactional producer: the raw transactional
+// producer with a hand-written listener (business insert only), a plain
+// SendSync (the ceiling: no database at all), and rmqtx Send (business insert
+// plus the txlog row).
+func runProducer(ctx context.Context, e *Env) *Workload {
+	o := e.Opt
+	w := &Workload{Name: "producer", Params: map[string]string{
+		"concurrency": fmt.Sprint(o.Concurrency), "payload": fmt.Sprint(o.Payload),
+		"round": roundDesc(o), "rounds": fmt.Sprint(o.Rounds),
+	}}
+	var sides []*loopSide
+	defer func() {
+		for _, s := range sides {
+			if s.close != nil {
+				s.close()
+			}
+		}
+	}()
+	add := func(s *loopSide) { sides = append(sides, s); w.Sides = append(w.Sides, s.side) }
+
+	// Raw transactional producer.
+	if s, err := rawTxSide(ctx, e); err != nil {
+		w.Error = err.Error()
+		return w
+	} else {
+		add(s)
+	}
+	// Raw SendSync: the ceiling.
+	if s, err := rawSendSyncSide(ctx, e); err != nil {
+		w.Error = err.Error()
+		return w
+	} else {
+		add(s)
+	}
+	// rmqtx Send.
+	if s, err := rmqtxSendSide(ctx, e); err != nil {
+		w.Error = err.Error()
+		return w
+	} else {
+		add(s)
+	}
+
+	measureLoops(ctx, e, w, sides)
+	w.Notes = append(w.Notes,
+		"tx/s counts Sends that returned committed; p50/p99 are per-Send latencies (half message + local tx + end); each side has its own topic (4 queues), group and business table",
+		"the ceiling is a plain SendSync of the same message with no database: what a transactional send costs is the gap between it and the raw tx producer")
+	return w
+}
+
+func roundDesc(o Options) string {
+	if o.N > 0 {
+		return fmt.Sprintf("%d ops", o.N)
+	}
+	return o.Duration.String()
+}
+
+// measureLoops warms every side up, then runs the rounds with the sides in
+// rotating order, and checks each side's business table afterwards.
+func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
+	o := e.Opt
+	var live []*loopSide
+	for _, s := range sides {
+		if s.side.Skipped != "" {
+			continue
+		}
+		live = append(live, s)
+		if o.Warmup > 0 {
+			res := RunLoop(ctx, o.Concurrency, o.Warmup, 0, s.op)
+			e.Log("  warm-up %-32s %6d ops %4d errors", s.side.Name, res.Count, res.Errors)
+			if res.Count == 0 && res.FirstErr != nil {
+				s.side.Skipped = "warm-up failed: " + res.FirstErr.Error()
+			}
+		}
+	}
+	names := make([]string, len(live))
+	byName := map[string]*loopSide{}
+	for i, s := range live {
+		names[i] = s.side.Name
+		byName[s.side.Name] = s
+	}
+	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
+		for _, name := range rotate(names, r) {
+			s := byName[name]
+			if s.side.Skipped != "" {
+				continue
+			}
+			res := RunLoop(ctx, o.Concurrency, o.Duration, o.N, s.op)
+			ro := res.Round(r + 1)
+			s.side.Rounds = append(s.side.Rounds, ro)
+			e.Log("  round %d %-32s %8.1f %s p50 %.2fms p99 %.2fms errors %d", r+1, name, ro.Rate, s.side.Unit, ro.P50Ms, ro.P99Ms, ro.Errors)
+			if res.FirstErr != nil {
+				w.Notes = append(w.Notes, fmt.Sprintf("%s round %d: %d errors, first: %v", name, r+1, res.Errors, res.FirstErr))
+			}
+		}
+	}
+	// Every committed operation must have left exactly one business row.
+	for _, s := range live {
+		if s.table == "" {
+			continue
+		}
+		n, err := e.countRows(ctx, s.table)
+		if err != nil {
+			w.Notes = append(w.Notes, fmt.Sprintf("%s: count rows: %v", s.side.Name, err))
+			continue
+		}
+		if int64(n) != s.ok.Load() {
+			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED %s: %d business rows for %d committed sends", s.side.Name, n, s.ok.Load()))
+		} else {
+			e.Log("  check %-32s %d business rows = %d committed sends", s.side.Name, n, s.ok.Load())
+		}
+	}
+}
+
+func rawTxSide(ctx context.Context, e *Env) (*loopSide, error) {
+	topic, group, table := e.Names.Name("ptx"), e.Names.Name("ptxg"), e.Names.Name("orders_rawtx")
+	if err := e.CreateTopic(ctx, topic, 4); err != nil {
+		return nil, err
+	}
+	if err := e.businessTable(ctx, table); err != nil {
+		return nil, err
+	}
+	l := &rawTxListener{
+		db:     e.DB,
+		insert: insertOrderSQL(table),
+		check:  "SELECT COUNT(*) FROM " + table + " WHERE event_id = ?",
+		timeout: func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 10*time.Second)
+		},
+	}
+	p, err := rmq.NewTransactionProducer(l,
+		producer.WithNsResolver(e.S.Resolver()),
+		producer.WithGroupName(group),
+		producer.WithInstanceName(group+"-"+randHex(6)),
+		producer.WithRetry(2),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("raw tx producer: %w", err)
+	}
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("raw tx producer start: %w", err)
+	}
+	s := &loopSide{
+		side:  &Side{Name: sideRawTx, Unit: "tx/s", Description: "rocketmq-client-go TransactionProducer, hand-written listener: BEGIN; business INSERT; COMMIT (no transaction log)"},
+		close: func() { _ = p.Shutdown() },
+		table: table,
+	}
+	payloadSize := e.Opt.Payload
+	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
+		id := envelope.NewEventID()
+		res, err := p.SendMessageInTransaction(ctx, rawMessage(topic, id, makePayload(payloadSize, seq)))
+		if err != nil {
+			return err
+		}
+		if res.State != primitive.CommitMessageState {
+			return fmt.Errorf("local transaction state %d", res.State)
+		}
+		return nil
+	})
+	return s, nil
+}
+
+func rawSendSyncSide(ctx context.Context, e *Env) (*loopSide, error) {
+	topic, group := e.Names.Name("psync"), e.Names.Name("psyncg")
+	if err := e.CreateTopic(ctx, topic, 4); err != nil {
+		return nil, err
+	}
+	p, err := e.newRawProducer(group, 2)
+	if err != nil {
+		return nil, err
+	}
+	s := &loopSide{
+		side:  &Side{Name: sideRawSendSync, Unit: "tx/s", Description: "rocketmq-client-go Producer.SendSync of the same message, no database"},
+		close: func() { _ = p.Shutdown() },
+	}
+	payloadSize := e.Opt.Payload
+	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
+		return sendSync(ctx, p, rawMessage(topic, envelope.NewEventID(), makePayload(payloadSize, seq)))
+	})
+	return s, nil
+}
+
+// newTxlog creates (and migrates) a transaction log under a fresh prefix.
+func newTxlog(ctx context.Context, e *Env) (*txlog.Store, error) {
+	store, err := txlog.New(e.DB, e.Names.Name("tl")+"_")
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return nil, fmt.Errorf("txlog migrate: %w", err)
+	}
+	return store, nil
+}
+
+func rmqtxSendSide(ctx context.Context, e *Env) (*loopSide, error) {
+	topic, group, table := e.Names.Name("prmqtx"), e.Names.Name("prmqtxg"), e.Names.Name("orders_rmqtx")
+	if err := e.CreateTopic(ctx, topic, 4); err != nil {
+		return nil, err
+	}
+	if err := e.businessTable(ctx, table); err != nil {
+		return nil, err
+	}
+	store, err := newTxlog(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	p, err := txproducer.New(txproducer.Config{
+		NameServer:            []string{e.S.NameServer},
+		Group:                 group,
+		DB:                    e.DB,
+		Log:                   store,
+		WarmupTopics:          []string{topic},
+		DisablePayloadStorage: e.Opt.NoPayload,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		return nil, fmt.Errorf("txproducer start: %w", err)
+	}
+	s := &loopSide{
+		side: &Side{Name: sideRmqtxSend, Unit: "tx/s", Description: "txproducer.Send: BEGIN; txlog INSERT; business INSERT; COMMIT (defaults: payload stored in the txlog, discard recovery on)"},
+		close: func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = p.Shutdown(sctx)
+		},
+		table: table,
+	}
+	insert := insertOrderSQL(table)
+	payloadSize := e.Opt.Payload
+	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
+		id := envelope.NewEventID()
+		payload := makePayload(payloadSize, seq)
+		res, err := p.Send(ctx, txproducer.Message{
+			Topic: topic, Tags: benchEventType, EventType: benchEventType, EventID: id, Payload: payload,
+		}, func(ctx context.Context, tx *sqlx.Tx) error {
+			_, err := tx.ExecContext(ctx, insert, id, int64(len(payload)), payload)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if res.State != txproducer.StateCommitted {
+			return fmt.Errorf("send state %s", res.State)
+		}
+		return nil
+	})
+	return s, nil
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+
+	rmq "github.com/apache/rocketmq-client-go/v2"
+	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+)
+
+// benchEventType is the event type every workload publishes.
+const benchEventType = "BenchEvent"
+
+// propBenchID carries the event id on raw-side messages, as a service
+// without rmqtx would add its own id property.
+const propBenchID = "BENCH_ID"
+
+// makePayload returns a payload of exactly size bytes that starts with a
+// small JSON-ish header so payloads differ per message (hashing works on
+// distinct data, as in production).
+func makePayload(size int, seq int64) []byte {
+	b := make([]byte, size)
+	head := `{"order":` + strconv.FormatInt(seq, 10) + `,"pad":"`
+	n := copy(b, head)
+	for i := n; i < size; i++ {
+		b[i] = 'a' + byte(i%26)
+	}
+	if size >= 2 && n < size-2 {
+		b[size-2], b[size-1] = '"', '}'
+	}
+	return b
+}
+
+// rawMessage is what a service without rmqtx publishes: body, its own id
+// property, the id as key, a tag.
+func rawMessage(topic, id string, payload []byte) *primitive.Message {
+	m := primitive.NewMessage(topic, payload)
+	m.WithTag(benchEventType)
+	m.WithKeys([]string{id})
+	m.WithProperty(propBenchID, id)
+	return m
+}
+
+// envelopeMessage is a message in rmqtx's wire format (what txproducer and
+// the outbox publish), for preloading consumer topics and orphan halves.
+func envelopeMessage(topic, id string, payload []byte) *primitive.Message {
+	m := primitive.NewMessage(topic, payload)
+	m.WithTag(benchEventType)
+	m.WithKeys([]string{id})
+	m.WithProperties(envelope.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
+	return m
+}
+
+// newRawProducer starts a normal producer with its own group and instance.
+func (e *Env) newRawProducer(group string, retries int) (rmq.Producer, error) {
+	p, err := rmq.NewProducer(
+		producer.WithNsResolver(e.S.Resolver()),
+		producer.WithGroupName(group),
+		producer.WithInstanceName(group+"-"+randHex(6)),
+		producer.WithRetry(retries),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("raw producer: %w", err)
+	}
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("raw producer start: %w", err)
+	}
+	return p, nil
+}
+
+// sendSync sends one message and checks the store status.
+func sendSync(ctx context.Context, p rmq.Producer, m *primitive.Message) error {
+	res, err := p.SendSync(ctx, m)
+	if err != nil {
+		return err
+	}
+	if res.Status != primitive.SendOK {
+		return fmt.Errorf("send status %d", res.Status)
+	}
+	return nil
+}
+
+// preload publishes msgs with SendSync on concurrency goroutines.
+func (e *Env) preload(ctx context.Context, p rmq.Producer, msgs []*primitive.Message) error {
+	var (
+		mu    sync.Mutex
+		first error
+		next  int
+		wg    sync.WaitGroup
+	)
+	for w := 0; w < e.Opt.Concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				mu.Lock()
+				i := next
+				next++
+				stop := first != nil
+				mu.Unlock()
+				if stop || i >= len(msgs) {
+					return
+				}
+				if err := sendSync(ctx, p, msgs[i]); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = fmt.Errorf("preload message %d: %w", i, err)
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
+}
+
+// rawTxListener is the hand-written listener of a service without rmqtx:
+// the local transaction does the business insert (no transaction log), and
+// the check looks the business row up.
+type rawTxListener struct {
+	db      *sqlx.DB
+	insert  string
+	check   string
+	timeout func() (context.Context, context.CancelFunc)
+}
+
+func (l *rawTxListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
+	ctx, cancel := l.timeout()
+	defer cancel()
+	id := m.GetProperty(propBenchID)
+	tx, err := l.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return primitive.RollbackMessageState
+	}
+	if _, err := tx.ExecContext(ctx, l.insert, id, int64(len(m.Body)), m.Body); err != nil {
+		_ = tx.Rollback()
+		return primitive.RollbackMessageState
+	}
+	if err := tx.Commit(); err != nil {
+		return primitive.RollbackMessageState
+	}
+	return primitive.CommitMessageState
+}
+
+func (l *rawTxListener) CheckLocalTransaction(m *primitive.MessageExt) primitive.LocalTransactionState {
+	ctx, cancel := l.timeout()
+	defer cancel()
+	var n int
+	if err := l.db.GetContext(ctx, &n, l.check, m.GetProperty(propBenchID)); err != nil {
+		return primitive.UnkonwnState
+	}
+	if n > 0 {
+		return primitive.CommitMessageState
+	}
+	return primitive.UnkonwnState
+}
+
+// rawPushConsumer starts a push consumer (clustering, concurrent, batch 1,
+// from the first offset) that calls handle for each message.
+func (e *Env) rawPushConsumer(group, topic string, goroutines int,
+	handle func(ctx context.Context, m *primitive.MessageExt) error) (rmq.PushConsumer, error) {
+	pc, err := rmq.NewPushConsumer(
+		rmqconsumer.WithGroupName(group),
+		rmqconsumer.WithInstance(group+"-"+randHex(6)),
+		rmqconsumer.WithNsResolver(e.S.Resolver()),
+		rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset),
+		rmqconsumer.WithConsumeGoroutineNums(goroutines),
+		rmqconsumer.WithConsumeMessageBatchMaxSize(1),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("raw consumer: %w", err)
+	}
+	err = pc.Subscribe(topic, rmqconsumer.MessageSelector{}, func(ctx context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
+		for _, m := range msgs {
+			if err := handle(ctx, m); err != nil {
+				return rmqconsumer.ConsumeRetryLater, err
+			}
+		}
+		return rmqconsumer.ConsumeSuccess, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raw consumer subscribe: %w", err)
+	}
+	if err := pc.Start(); err != nil {
+		_ = pc.Shutdown()
+		return nil, fmt.Errorf("raw consumer start: %w", err)
+	}
+	return pc, nil
+}

@@ -57,19 +57,95 @@ func (d DeadLetter) Replayable() bool {
 	return !d.PayloadRedacted || envelope.Hash(d.Payload) == d.RequestHash
 }
 
-// DeadLetterFilter selects dead letters; zero fields do not filter.
+// DeadLetterFilter selects dead letters; zero fields do not filter and every
+// set field must match. It is the one definition of a dead-letter selection:
+// List, CountFilter and SelectSQL (which the replay and inspect packages
+// build their reads on) all apply it the same way.
 type DeadLetterFilter struct {
+	IDs           []int64 // id is one of these
 	ConsumerGroup string
+	Topic         string // original topic
+	EventID       string
 	Status        string
+	Statuses      []string // status is one of these
 	EventType     string
 	BusinessKey   string
 	ErrorClass    Class
+	// Since and Until bound first_seen_at (when first parked) to
+	// [Since, Until); NotAfter bounds it inclusively (first_seen_at <=
+	// NotAfter: parked at least this long ago).
+	Since, Until, NotAfter time.Time
+	// LastSeenSince keeps dead letters parked, first or again, at or after it
+	// (last_seen_at >= LastSeenSince).
+	LastSeenSince time.Time
 	AfterID       int64 // keyset pagination: rows with id > AfterID
-	Limit         int   // default 100, at most 1000
+	// Limit caps the rows read, oldest id first: default DefaultDeadLetterLimit
+	// (100); List caps it at MaxDeadLetterLimit (1000), SelectSQL does not.
+	// CountFilter ignores it.
+	Limit int
 }
 
-// DeadLetterStore reads and resolves dead letters. The operations package
-// and the runbook CLI use it; the Processor writes the rows.
+// Dead-letter read limits (see DeadLetterFilter.Limit).
+const (
+	DefaultDeadLetterLimit = 100
+	MaxDeadLetterLimit     = 1000
+)
+
+// where returns the condition f selects (" WHERE ...", or "" when f
+// selects every row) and its arguments. Times are bound in UTC.
+func (f DeadLetterFilter) where() (string, []any) {
+	var conds []string
+	var args []any
+	add := func(cond string, v ...any) { conds = append(conds, cond); args = append(args, v...) }
+	if len(f.IDs) > 0 {
+		cond, v := inList("id", f.IDs)
+		add(cond, v...)
+	}
+	for _, c := range []struct{ col, v string }{
+		{"consumer_group", f.ConsumerGroup}, {"topic", f.Topic}, {"event_id", f.EventID}, {"status", f.Status},
+		{"event_type", f.EventType}, {"business_key", f.BusinessKey}, {"error_class", string(f.ErrorClass)},
+	} {
+		if c.v != "" {
+			add(c.col+" = ?", c.v)
+		}
+	}
+	if len(f.Statuses) > 0 {
+		cond, v := inList("status", f.Statuses)
+		add(cond, v...)
+	}
+	for _, c := range []struct {
+		cond string
+		t    time.Time
+	}{
+		{"first_seen_at >= ?", f.Since}, {"first_seen_at < ?", f.Until}, {"first_seen_at <= ?", f.NotAfter},
+		{"last_seen_at >= ?", f.LastSeenSince},
+	} {
+		if !c.t.IsZero() {
+			add(c.cond, c.t.UTC())
+		}
+	}
+	if f.AfterID > 0 {
+		add("id > ?", f.AfterID)
+	}
+	if len(conds) == 0 {
+		return "", nil
+	}
+	return " WHERE " + strings.Join(conds, " AND "), args
+}
+
+// inList returns "col IN (?, ?, ...)" and vs as arguments.
+func inList[T any](col string, vs []T) (string, []any) {
+	args := make([]any, len(vs))
+	for i, v := range vs {
+		args[i] = v
+	}
+	return col + " IN (" + strings.TrimSuffix(strings.Repeat("?, ", len(vs)), ", ") + ")", args
+}
+
+// DeadLetterStore reads and resolves dead letters. It owns every read of the
+// dead-letter table: the replay and inspect packages and the runbook CLI go
+// through it (SelectSQL for reads of their own columns); the Processor writes
+// the rows.
 type DeadLetterStore struct {
 	db *sqlx.DB
 	t  tables
@@ -147,40 +223,31 @@ func (r deadLetterRow) deadLetter() DeadLetter {
 	return d
 }
 
-// List returns dead letters matching f, oldest id first.
-func (s *DeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
-	var where []string
-	var args []any
-	add := func(cond string, v any) { where = append(where, cond); args = append(args, v) }
-	if f.ConsumerGroup != "" {
-		add("consumer_group = ?", f.ConsumerGroup)
-	}
-	if f.Status != "" {
-		add("status = ?", f.Status)
-	}
-	if f.EventType != "" {
-		add("event_type = ?", f.EventType)
-	}
-	if f.BusinessKey != "" {
-		add("business_key = ?", f.BusinessKey)
-	}
-	if f.ErrorClass != "" {
-		add("error_class = ?", string(f.ErrorClass))
-	}
-	if f.AfterID > 0 {
-		add("id > ?", f.AfterID)
+// SelectSQL returns the query that reads the dead letters f selects, oldest
+// id first, and its arguments: "SELECT <columns> FROM <dead-letter table>
+// [WHERE ...] ORDER BY id LIMIT ?". columns is a select list over the table
+// ("" selects every column, in the order and with the names DeadLetter is
+// read from); the limit is f.Limit, default DefaultDeadLetterLimit, not capped.
+// The replay and inspect packages read dead letters with it.
+func (s *DeadLetterStore) SelectSQL(columns string, f DeadLetterFilter) (string, []any) {
+	if columns == "" {
+		columns = deadLetterColumns
 	}
 	limit := f.Limit
 	if limit <= 0 {
-		limit = 100
+		limit = DefaultDeadLetterLimit
 	}
-	limit = min(limit, 1000)
-	q := "SELECT " + deadLetterColumns + " FROM " + s.t.dead
-	if len(where) > 0 {
-		q += " WHERE " + strings.Join(where, " AND ")
+	where, args := f.where()
+	return "SELECT " + columns + " FROM " + s.t.dead + where + " ORDER BY id LIMIT ?", append(args, limit)
+}
+
+// List returns dead letters matching f, oldest id first.
+func (s *DeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error) {
+	if f.Limit <= 0 {
+		f.Limit = DefaultDeadLetterLimit
 	}
-	q += " ORDER BY id LIMIT ?"
-	args = append(args, limit)
+	f.Limit = min(f.Limit, MaxDeadLetterLimit)
+	q, args := s.SelectSQL("", f)
 	var rows []deadLetterRow
 	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
 		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
@@ -194,8 +261,20 @@ func (s *DeadLetterStore) List(ctx context.Context, f DeadLetterFilter) ([]DeadL
 
 // Get returns one dead letter, or an error wrapping ErrNotFound.
 func (s *DeadLetterStore) Get(ctx context.Context, id int64) (DeadLetter, error) {
+	return s.get(ctx, s.db, id, "")
+}
+
+// GetForUpdate reads one dead letter inside tx and locks its row until tx
+// ends (SELECT ... FOR UPDATE), or returns an error wrapping ErrNotFound.
+// With MarkReplayedTx it lets a replayer send a dead letter and record it in
+// one transaction, so that concurrent replays never send it twice.
+func (s *DeadLetterStore) GetForUpdate(ctx context.Context, tx *sqlx.Tx, id int64) (DeadLetter, error) {
+	return s.get(ctx, tx, id, " FOR UPDATE")
+}
+
+func (s *DeadLetterStore) get(ctx context.Context, q sqlx.QueryerContext, id int64, suffix string) (DeadLetter, error) {
 	var r deadLetterRow
-	err := s.db.GetContext(ctx, &r, "SELECT "+deadLetterColumns+" FROM "+s.t.dead+" WHERE id = ?", id)
+	err := sqlx.GetContext(ctx, q, &r, "SELECT "+deadLetterColumns+" FROM "+s.t.dead+" WHERE id = ?"+suffix, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return DeadLetter{}, fmt.Errorf("%w: dead letter %d", ErrNotFound, id)
 	}
@@ -205,29 +284,40 @@ func (s *DeadLetterStore) Get(ctx context.Context, id int64) (DeadLetter, error)
 	return r.deadLetter(), nil
 }
 
+const markReplayed = "status = '" + DeadLetterReplayed + "', replay_count = replay_count + 1, replayed_at = UTC_TIMESTAMP(6)"
+
 // MarkReplayed moves a PARKED dead letter to REPLAYED (replay_count + 1,
 // replayed_at now) after it was re-published with its original event id. If
 // the replay fails again, the processor parks it again (status PARKED).
 func (s *DeadLetterStore) MarkReplayed(ctx context.Context, id int64, note string) error {
-	return s.resolve(ctx, id, "status = '"+DeadLetterReplayed+"', replay_count = replay_count + 1, replayed_at = UTC_TIMESTAMP(6)", note)
+	return s.resolve(ctx, s.db, id, markReplayed, note, DeadLetterParked)
+}
+
+// MarkReplayedTx is MarkReplayed inside tx, for a dead letter the caller
+// locked with GetForUpdate and re-published. It also accepts a REPLAYED dead
+// letter (one sent again); any other status is an error wrapping
+// ErrNotParked.
+func (s *DeadLetterStore) MarkReplayedTx(ctx context.Context, tx *sqlx.Tx, id int64, note string) error {
+	return s.resolve(ctx, tx, id, markReplayed, note, DeadLetterParked, DeadLetterReplayed)
 }
 
 // MarkDiscarded moves a PARKED dead letter to DISCARDED. Later deliveries of
 // the same message still update its last_seen_at but keep it DISCARDED.
 func (s *DeadLetterStore) MarkDiscarded(ctx context.Context, id int64, note string) error {
-	return s.resolve(ctx, id, "status = '"+DeadLetterDiscarded+"'", note)
+	return s.resolve(ctx, s.db, id, "status = '"+DeadLetterDiscarded+"'", note, DeadLetterParked)
 }
 
-func (s *DeadLetterStore) resolve(ctx context.Context, id int64, set, note string) error {
-	res, err := s.db.ExecContext(ctx, "UPDATE "+s.t.dead+" SET "+set+", resolved_at = UTC_TIMESTAMP(6), resolution_note = ?"+
-		" WHERE id = ? AND status = '"+DeadLetterParked+"'", clip(note, 512), id)
+// resolve applies set to dead letter id if its status is one of from.
+func (s *DeadLetterStore) resolve(ctx context.Context, e sqlx.ExtContext, id int64, set, note string, from ...string) error {
+	res, err := e.ExecContext(ctx, "UPDATE "+s.t.dead+" SET "+set+", resolved_at = UTC_TIMESTAMP(6), resolution_note = ?"+
+		" WHERE id = ? AND status IN ('"+strings.Join(from, "', '")+"')", clip(note, 512), id)
 	if err != nil {
 		return fmt.Errorf("consumer: resolve dead letter %d: %w", id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
 		return nil
 	}
-	if _, err := s.Get(ctx, id); err != nil {
+	if _, err := s.get(ctx, e, id, ""); err != nil {
 		return err
 	}
 	return fmt.Errorf("%w: dead letter %d", ErrNotParked, id)
@@ -236,9 +326,15 @@ func (s *DeadLetterStore) resolve(ctx context.Context, id int64, set, note strin
 // Count returns the number of dead letters of group (all groups when empty)
 // in status (all when empty).
 func (s *DeadLetterStore) Count(ctx context.Context, group, status string) (int, error) {
-	q := "SELECT COUNT(*) FROM " + s.t.dead + " WHERE (? = '' OR consumer_group = ?) AND (? = '' OR status = ?)"
+	return s.CountFilter(ctx, DeadLetterFilter{ConsumerGroup: group, Status: status})
+}
+
+// CountFilter returns the number of dead letters f selects (f.Limit is
+// ignored).
+func (s *DeadLetterStore) CountFilter(ctx context.Context, f DeadLetterFilter) (int, error) {
+	where, args := f.where()
 	var n int
-	if err := s.db.GetContext(ctx, &n, q, group, group, status, status); err != nil {
+	if err := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+s.t.dead+where, args...); err != nil {
 		return 0, fmt.Errorf("consumer: count dead letters: %w", err)
 	}
 	return n, nil

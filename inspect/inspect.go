@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
@@ -47,8 +48,9 @@ type Config struct {
 // Inspector reads rmqtx's tables (and optionally the broker) for humans. It
 // never writes.
 type Inspector struct {
-	cfg Config
-	t   struct{ txlog, outbox, consume, attempt, dead, audit, item string }
+	cfg  Config
+	t    struct{ txlog, outbox, consume, attempt, dead, audit, item string }
+	dead *consumer.DeadLetterStore // builds every dead-letter read
 }
 
 // New validates cfg and returns an Inspector.
@@ -71,7 +73,11 @@ func New(cfg Config) (*Inspector, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	i := &Inspector{cfg: cfg}
+	dead, err := consumer.NewDeadLetterStore(cfg.DB, cfg.TablePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	i := &Inspector{cfg: cfg, dead: dead}
 	p := cfg.TablePrefix
 	i.t.txlog, i.t.outbox, i.t.consume, i.t.attempt = p+"txlog", p+"outbox", p+"consume_log", p+"consume_attempt"
 	i.t.dead, i.t.audit, i.t.item = p+"dead_letter", p+"replay_audit", p+"replay_audit_item"
@@ -220,7 +226,7 @@ func isMissingTable(err error) bool {
 func (i *Inspector) query(ctx context.Context, missing *[]string, table string, dest any, q string, args ...any) error {
 	err := i.cfg.DB.SelectContext(ctx, dest, q, args...)
 	if isMissingTable(err) {
-		if missing != nil && !contains(*missing, table) {
+		if missing != nil && !slices.Contains(*missing, table) {
 			*missing = append(*missing, table)
 		}
 		return nil
@@ -231,18 +237,13 @@ func (i *Inspector) query(ctx context.Context, missing *[]string, table string, 
 	return nil
 }
 
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
+// orEmpty returns s, or an empty slice for nil (JSON [] rather than null).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
-	return false
+	return s
 }
-
-const deadLetterCols = "id, consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key, error_class," +
-	" error_text, payload, payload_redacted, request_hash, existing_hash, properties, reconsume_times, park_count, status," +
-	" first_seen_at, last_seen_at, replay_count, replayed_at, resolved_at, resolution_note"
 
 // Event returns the cross-table view of one event id: its txlog and outbox
 // rows, consume-log rows and failed attempts per group, dead letters,
@@ -285,7 +286,7 @@ func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 	for k := range v.Attempts {
 		v.Attempts[k].LastError = i.cfg.RedactText(v.Attempts[k].LastError)
 	}
-	dl, err := i.deadLetters(ctx, &v.Missing, "event_id = ?", []any{id}, 100)
+	dl, err := i.deadLetters(ctx, &v.Missing, consumer.DeadLetterFilter{EventID: id})
 	if err != nil {
 		return v, err
 	}
@@ -300,18 +301,7 @@ func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 	if i.cfg.Broker != nil {
 		i.lookupBroker(ctx, &v)
 	}
-	if v.Consumed == nil {
-		v.Consumed = []ConsumeRow{}
-	}
-	if v.Attempts == nil {
-		v.Attempts = []AttemptRow{}
-	}
-	if v.DeadLetters == nil {
-		v.DeadLetters = []DeadLetterRow{}
-	}
-	if v.Replays == nil {
-		v.Replays = []ReplayRow{}
-	}
+	v.Consumed, v.Attempts, v.DeadLetters, v.Replays = orEmpty(v.Consumed), orEmpty(v.Attempts), orEmpty(v.DeadLetters), orEmpty(v.Replays)
 	sort.Strings(v.Missing)
 	if !v.Found() {
 		return v, fmt.Errorf("%w: event %q", ErrNotFound, id)
@@ -361,14 +351,12 @@ func (i *Inspector) text(s *string) *string {
 	return &r
 }
 
-func (i *Inspector) deadLetters(ctx context.Context, missing *[]string, where string, args []any, limit int) ([]DeadLetterRow, error) {
+// deadLetters reads the dead letters f selects (default limit 100), every
+// column, payloads and texts redacted.
+func (i *Inspector) deadLetters(ctx context.Context, missing *[]string, f consumer.DeadLetterFilter) ([]DeadLetterRow, error) {
 	var rows []DeadLetterRow
-	q := "SELECT " + deadLetterCols + " FROM " + i.t.dead
-	if where != "" {
-		q += " WHERE " + where
-	}
-	q += " ORDER BY id LIMIT ?"
-	if err := i.query(ctx, missing, i.t.dead, &rows, q, append(args, limit)...); err != nil {
+	q, args := i.dead.SelectSQL("", f)
+	if err := i.query(ctx, missing, i.t.dead, &rows, q, args...); err != nil {
 		return nil, err
 	}
 	for k := range rows {
@@ -402,7 +390,7 @@ func (i *Inspector) BusinessKey(ctx context.Context, key string, limit int) ([]E
 			return nil, err
 		}
 		for _, id := range got {
-			if !contains(ids, id) {
+			if !slices.Contains(ids, id) {
 				ids = append(ids, id)
 			}
 		}
@@ -426,9 +414,11 @@ func (i *Inspector) BusinessKey(ctx context.Context, key string, limit int) ([]E
 }
 
 // DeadLetterFilter selects dead letters for DeadLetters; zero fields do not
-// filter.
+// filter. It means what consumer.DeadLetterFilter means.
 type DeadLetterFilter struct {
+	IDs           []int64 // id is one of these
 	ConsumerGroup string
+	Topic         string // original topic
 	Status        string
 	EventType     string
 	BusinessKey   string
@@ -439,51 +429,23 @@ type DeadLetterFilter struct {
 
 // DeadLetters lists dead letters, oldest id first, payloads redacted.
 func (i *Inspector) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetterRow, error) {
-	var where []string
-	var args []any
-	add := func(c string, v any) { where = append(where, c); args = append(args, v) }
-	if f.ConsumerGroup != "" {
-		add("consumer_group = ?", f.ConsumerGroup)
-	}
-	if f.Status != "" {
-		add("status = ?", f.Status)
-	}
-	if f.EventType != "" {
-		add("event_type = ?", f.EventType)
-	}
-	if f.BusinessKey != "" {
-		add("business_key = ?", f.BusinessKey)
-	}
-	if f.ErrorClass != "" {
-		add("error_class = ?", f.ErrorClass)
-	}
-	if !f.Since.IsZero() {
-		add("first_seen_at >= ?", f.Since.UTC())
-	}
-	if !f.Until.IsZero() {
-		add("first_seen_at < ?", f.Until.UTC())
-	}
-	if f.Limit <= 0 {
-		f.Limit = 100
-	}
 	var missing []string
-	rows, err := i.deadLetters(ctx, &missing, strings.Join(where, " AND "), args, f.Limit)
+	rows, err := i.deadLetters(ctx, &missing, consumer.DeadLetterFilter{IDs: f.IDs, ConsumerGroup: f.ConsumerGroup, Topic: f.Topic,
+		Status: f.Status, EventType: f.EventType, BusinessKey: f.BusinessKey, ErrorClass: consumer.Class(f.ErrorClass),
+		Since: f.Since, Until: f.Until, Limit: f.Limit})
 	if err != nil {
 		return nil, err
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("inspect: table %s does not exist (run migrate)", missing[0])
 	}
-	if rows == nil {
-		rows = []DeadLetterRow{}
-	}
-	return rows, nil
+	return orEmpty(rows), nil
 }
 
 // DeadLetter returns one dead letter, or an error wrapping ErrNotFound.
 func (i *Inspector) DeadLetter(ctx context.Context, id int64) (DeadLetterRow, error) {
 	var missing []string
-	rows, err := i.deadLetters(ctx, &missing, "id = ?", []any{id}, 1)
+	rows, err := i.deadLetters(ctx, &missing, consumer.DeadLetterFilter{IDs: []int64{id}, Limit: 1})
 	if err != nil {
 		return DeadLetterRow{}, err
 	}

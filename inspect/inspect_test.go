@@ -129,3 +129,47 @@ func TestRemotingLookup(t *testing.T) {
 	_, err = look.QueryByKey(context.Background(), testenv.Name(t, "missing"), id, 8)
 	require.ErrorIs(t, err, inspect.ErrTopicNotFound)
 }
+
+// DeadLetters filters in the database (ids, topic, status, ...) before the
+// limit, and DeadLetter finds one by id.
+func TestDeadLettersFilter(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	ctx := context.Background()
+	require.NoError(t, consumer.Migrate(ctx, db, ""))
+	var ids []int64
+	for _, topic := range []string{"orders", "refunds", "orders", "refunds"} {
+		res, err := db.Exec(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
+			business_key, error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
+			VALUES ('g', ?, 0, 0, 'm', ?, 'T', 'k', 'data', 'bad', 'p', SHA2('p', 256), '{}', 0, 'PARKED', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`,
+			topic, envelope.NewEventID())
+		require.NoError(t, err)
+		id, err := res.LastInsertId()
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	in, err := inspect.New(inspect.Config{DB: db})
+	require.NoError(t, err)
+	idsOf := func(rows []inspect.DeadLetterRow) []int64 {
+		out := []int64{}
+		for _, r := range rows {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	rows, err := in.DeadLetters(ctx, inspect.DeadLetterFilter{Topic: "refunds", Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, []int64{ids[1]}, idsOf(rows), "the limit counts matching rows only")
+	rows, err = in.DeadLetters(ctx, inspect.DeadLetterFilter{IDs: []int64{ids[3], ids[0]}, Topic: "orders"})
+	require.NoError(t, err)
+	require.Equal(t, []int64{ids[0]}, idsOf(rows))
+	rows, err = in.DeadLetters(ctx, inspect.DeadLetterFilter{Status: "REPLAYED"})
+	require.NoError(t, err)
+	require.NotNil(t, rows)
+	require.Empty(t, rows)
+	d, err := in.DeadLetter(ctx, ids[2])
+	require.NoError(t, err)
+	require.Equal(t, "orders", d.Topic)
+	_, err = in.DeadLetter(ctx, ids[3]+100)
+	require.ErrorIs(t, err, inspect.ErrNotFound)
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/rmqtx/rmqtx/consumer"
 )
 
 // StuckRow is one piece of work that has not finished: an outbox row not yet
@@ -80,7 +82,7 @@ func (i *Inspector) Stuck(ctx context.Context, minAge time.Duration, limit int) 
 			Detail: i.cfg.RedactText(r.LastError)})
 	}
 
-	dl, err := i.deadLetters(ctx, &missing, "status = 'PARKED' AND first_seen_at <= ?", []any{cutoff}, limit)
+	dl, err := i.deadLetters(ctx, &missing, consumer.DeadLetterFilter{Status: consumer.DeadLetterParked, NotAfter: cutoff, Limit: limit})
 	if err != nil {
 		return nil, missing, err
 	}
@@ -97,10 +99,7 @@ func (i *Inspector) Stuck(ctx context.Context, minAge time.Duration, limit int) 
 		}
 		return out[a].Key < out[b].Key
 	})
-	if out == nil {
-		out = []StuckRow{}
-	}
-	return out, missing, nil
+	return orEmpty(out), missing, nil
 }
 
 func joinDetail(a, b string) string {
@@ -183,8 +182,5 @@ func (i *Inspector) Stats(ctx context.Context) ([]StatRow, []string, error) {
 		return out[a].Status < out[b].Status
 	})
 	sort.Strings(missing)
-	if out == nil {
-		out = []StatRow{}
-	}
-	return out, missing, nil
+	return orEmpty(out), missing, nil
 }

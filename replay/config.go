@@ -28,15 +28,6 @@ const (
 	PropGroup        = envelope.PropReplayPrefix + "GROUP"          // consumer group that parked it
 )
 
-// Values of the consumer's dead_letter table (consumer.DeadLetterParked,
-// consumer.DeadLetterReplayed, consumer.ClassConflict), repeated here so the
-// replayer depends on the table, not on the consumer's code.
-const (
-	statusParked   = "PARKED"
-	statusReplayed = "REPLAYED"
-	classConflict  = "conflict"
-)
-
 // Sentinel errors. Every error this package returns wraps one of them or a
 // database/broker error, and starts with "replay: ".
 var (

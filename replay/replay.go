@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
 )
@@ -85,15 +85,16 @@ type Report struct {
 }
 
 type tables struct {
-	dead, audit, item, schema string
+	audit, item, schema string
 }
 
 // Replayer replays dead letters. Create it with New; DryRun and Migrate work
 // at once, Replay needs Start. It is safe for concurrent use; concurrent
 // runs never send the same dead letter twice.
 type Replayer struct {
-	cfg Config
-	t   tables
+	cfg  Config
+	t    tables
+	dead *consumer.DeadLetterStore // the consumer's dead letters: selection, lock, resolution
 
 	mu      sync.Mutex
 	prod    rmq.Producer
@@ -108,8 +109,12 @@ func New(cfg Config) (*Replayer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	dead, err := consumer.NewDeadLetterStore(cfg.DB, cfg.TablePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	p := cfg.TablePrefix
-	return &Replayer{cfg: cfg, t: tables{dead: p + "dead_letter", audit: p + "replay_audit", item: p + "replay_audit_item", schema: p + "replay_schema"}}, nil
+	return &Replayer{cfg: cfg, dead: dead, t: tables{audit: p + "replay_audit", item: p + "replay_audit_item", schema: p + "replay_schema"}}, nil
 }
 
 // Config returns the configuration with defaults applied.
@@ -363,26 +368,20 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 		return fmt.Errorf("replay: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	var l lockedLetter
-	err = tx.GetContext(ctx, &l, "SELECT id, status, consumer_group, topic, event_id, error_class, payload, payload_redacted,"+
-		" request_hash, properties, replay_count FROM "+r.t.dead+" WHERE id = ? FOR UPDATE", it.DeadLetterID)
-	if errors.Is(err, sql.ErrNoRows) {
+	l, err := r.dead.GetForUpdate(ctx, tx, it.DeadLetterID)
+	if errors.Is(err, consumer.ErrNotFound) {
 		it.Result, it.Detail = ItemSkipped, "dead letter no longer exists"
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("replay: lock dead letter %d: %w", it.DeadLetterID, err)
 	}
-	if l.Status != statusParked && !(req.Selector.IncludeReplayed && l.Status == statusReplayed) {
-		it.Result, it.Detail = ItemSkipped, "status is now "+l.Status
-		return nil
-	}
-	if reason := l.skipReason(); reason != "" {
+	if reason := lockedSkipReason(l, req.Selector); reason != "" {
 		it.Result, it.Detail = ItemSkipped, reason
 		return nil
 	}
 	msg := primitive.NewMessage(l.Topic, l.Payload)
-	props := l.properties()
+	props := replayProperties(l)
 	props[PropAuditID] = strconv.FormatInt(auditID, 10)
 	props[PropOperator] = clip(req.Operator, 128)
 	props[PropCount] = strconv.Itoa(l.ReplayCount + 1)
@@ -405,8 +404,7 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	it.MsgID = res.MsgID
 	it.SentAt = time.Now().UTC()
 	note := fmt.Sprintf("replayed by %s (audit %d)", clip(req.Operator, 128), auditID)
-	_, err = tx.ExecContext(ctx, "UPDATE "+r.t.dead+" SET status = ?, replay_count = replay_count + 1, replayed_at = UTC_TIMESTAMP(6),"+
-		" resolved_at = UTC_TIMESTAMP(6), resolution_note = ? WHERE id = ?", statusReplayed, clip(note, 512), l.ID)
+	err = r.dead.MarkReplayedTx(ctx, tx, l.ID, note)
 	if err == nil {
 		_, err = tx.ExecContext(ctx, "INSERT INTO "+r.t.item+
 			" (audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, '', UTC_TIMESTAMP(6))",
@@ -427,9 +425,7 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 
 // newDeadLetters counts dead letters parked (first time or again) since t.
 func (r *Replayer) newDeadLetters(ctx context.Context, group string, since time.Time) (int, error) {
-	var n int
-	err := r.cfg.DB.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+r.t.dead+
-		" WHERE status = ? AND last_seen_at >= ? AND (? = '' OR consumer_group = ?)", statusParked, since, group, group)
+	n, err := r.dead.CountFilter(ctx, consumer.DeadLetterFilter{Status: consumer.DeadLetterParked, ConsumerGroup: group, LastSeenSince: since})
 	if err != nil {
 		return 0, fmt.Errorf("replay: count new dead letters: %w", err)
 	}

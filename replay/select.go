@@ -5,13 +5,14 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 )
 
@@ -39,6 +40,25 @@ type Selector struct {
 func (s Selector) Empty() bool {
 	return len(s.IDs) == 0 && s.ConsumerGroup == "" && s.Topic == "" && s.EventType == "" &&
 		s.BusinessKey == "" && s.ErrorClass == "" && s.Since.IsZero() && s.Until.IsZero()
+}
+
+// statuses are the dead-letter statuses s selects.
+func (s Selector) statuses() []string {
+	if s.IncludeReplayed {
+		return []string{consumer.DeadLetterParked, consumer.DeadLetterReplayed}
+	}
+	return []string{consumer.DeadLetterParked}
+}
+
+// filter is s as the consumer's dead-letter filter; limit applies when s has
+// no Limit.
+func (s Selector) filter(limit int) consumer.DeadLetterFilter {
+	if s.Limit > 0 {
+		limit = s.Limit
+	}
+	return consumer.DeadLetterFilter{IDs: s.IDs, ConsumerGroup: s.ConsumerGroup, Topic: s.Topic, EventType: s.EventType,
+		BusinessKey: s.BusinessKey, ErrorClass: consumer.Class(s.ErrorClass), Since: s.Since, Until: s.Until,
+		Statuses: s.statuses(), Limit: limit}
 }
 
 // Candidate is one selected dead letter and what a replay does with it.
@@ -92,74 +112,29 @@ func (r candidateRow) candidate() Candidate {
 		EventType: r.EventType, BusinessKey: r.BusinessKey, ErrorClass: r.ErrorClass, Status: r.Status,
 		ReplayCount: r.ReplayCount, FirstSeenAt: r.FirstSeenAt.Time.UTC(), Action: "replay",
 	}
-	c.SkipReason = skipReason(r.ErrorClass, r.NoPayload, r.Redacted, r.HashOK.Bool)
+	c.SkipReason = skipReason(r.ErrorClass, r.NoPayload, !r.Redacted || r.HashOK.Bool)
 	if c.SkipReason != "" {
 		c.Action = "skip"
 	}
 	return c
 }
 
-// skipReason says why a dead letter cannot be replayed, or "".
-func skipReason(class string, noPayload, redacted, hashOK bool) string {
+// skipReason says why a dead letter cannot be replayed, or "". replayable is
+// consumer.DeadLetter.Replayable: the stored payload is the delivered one.
+func skipReason(class string, noPayload, replayable bool) string {
 	switch {
 	case noPayload:
 		return "no payload stored"
-	case redacted && !hashOK:
+	case !replayable:
 		return "payload was redacted when parked"
-	case class == classConflict:
+	case class == string(consumer.ClassConflict):
 		return "payload-hash conflict: the consumer would park it again"
 	}
 	return ""
 }
 
-func (r *Replayer) selectSQL(s Selector, limit int) (string, []any) {
-	var where []string
-	var args []any
-	add := func(cond string, v ...any) { where = append(where, cond); args = append(args, v...) }
-	if s.IncludeReplayed {
-		add("status IN (?, ?)", statusParked, statusReplayed)
-	} else {
-		add("status = ?", statusParked)
-	}
-	if len(s.IDs) > 0 {
-		ph := strings.TrimSuffix(strings.Repeat("?, ", len(s.IDs)), ", ")
-		ids := make([]any, len(s.IDs))
-		for i, id := range s.IDs {
-			ids[i] = id
-		}
-		add("id IN ("+ph+")", ids...)
-	}
-	if s.ConsumerGroup != "" {
-		add("consumer_group = ?", s.ConsumerGroup)
-	}
-	if s.Topic != "" {
-		add("topic = ?", s.Topic)
-	}
-	if s.EventType != "" {
-		add("event_type = ?", s.EventType)
-	}
-	if s.BusinessKey != "" {
-		add("business_key = ?", s.BusinessKey)
-	}
-	if s.ErrorClass != "" {
-		add("error_class = ?", s.ErrorClass)
-	}
-	if !s.Since.IsZero() {
-		add("first_seen_at >= ?", s.Since.UTC())
-	}
-	if !s.Until.IsZero() {
-		add("first_seen_at < ?", s.Until.UTC())
-	}
-	args = append(args, limit)
-	return "SELECT " + candidateColumns + " FROM " + r.t.dead + " WHERE " + strings.Join(where, " AND ") + " ORDER BY id LIMIT ?", args
-}
-
 func (r *Replayer) selectCandidates(ctx context.Context, s Selector) ([]Candidate, error) {
-	limit := s.Limit
-	if limit <= 0 {
-		limit = r.cfg.MaxMessages
-	}
-	q, args := r.selectSQL(s, limit)
+	q, args := r.dead.SelectSQL(candidateColumns, s.filter(r.cfg.MaxMessages))
 	var rows []candidateRow
 	if err := r.cfg.DB.SelectContext(ctx, &rows, q, args...); err != nil {
 		return nil, fmt.Errorf("replay: select dead letters: %w", err)
@@ -190,33 +165,22 @@ func (r *Replayer) DryRun(ctx context.Context, s Selector) (Plan, error) {
 	return p, nil
 }
 
-// lockedLetter is a dead letter read under its row lock for sending.
-type lockedLetter struct {
-	ID            int64          `db:"id"`
-	Status        string         `db:"status"`
-	ConsumerGroup string         `db:"consumer_group"`
-	Topic         string         `db:"topic"`
-	EventID       string         `db:"event_id"`
-	ErrorClass    string         `db:"error_class"`
-	Payload       []byte         `db:"payload"`
-	Redacted      bool           `db:"payload_redacted"`
-	RequestHash   string         `db:"request_hash"`
-	Properties    sql.NullString `db:"properties"`
-	ReplayCount   int            `db:"replay_count"`
-}
-
-func (l lockedLetter) skipReason() string {
-	return skipReason(l.ErrorClass, l.Payload == nil, l.Redacted, envelope.Hash(l.Payload) == l.RequestHash)
-}
-
-func (l lockedLetter) properties() map[string]string {
-	props := map[string]string{}
-	if l.Properties.Valid && l.Properties.String != "" {
-		_ = json.Unmarshal([]byte(l.Properties.String), &props)
+// lockedSkipReason says why a dead letter read under its row lock cannot be
+// replayed now (its status changed since the selection, or its payload), or "".
+func lockedSkipReason(d consumer.DeadLetter, s Selector) string {
+	if !slices.Contains(s.statuses(), d.Status) {
+		return "status is now " + d.Status
 	}
-	for k := range props {
-		if strings.HasPrefix(k, envelope.PropReplayPrefix) {
-			delete(props, k) // a previous replay's metadata is replaced, not stacked
+	return skipReason(string(d.ErrorClass), d.Payload == nil, d.Replayable())
+}
+
+// replayProperties are the stored message properties without a previous
+// replay's metadata (it is replaced, not stacked).
+func replayProperties(d consumer.DeadLetter) map[string]string {
+	props := make(map[string]string, len(d.Properties))
+	for k, v := range d.Properties {
+		if !strings.HasPrefix(k, envelope.PropReplayPrefix) {
+			props[k] = v
 		}
 	}
 	return props

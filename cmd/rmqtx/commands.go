@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -80,8 +81,51 @@ func (o *options) inspector(db *sqlx.DB, lookup bool) (*inspect.Inspector, error
 	return inspect.New(cfg)
 }
 
-func withTimeout(ctx context.Context, o *options) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, o.timeout)
+// withDB runs fn with the database open, under the --timeout deadline, and
+// closes it after.
+func (o *options) withDB(ctx context.Context, fn func(context.Context, *sqlx.DB) (int, error)) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	db, err := open(ctx, o)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	return fn(ctx, db)
+}
+
+// withInspector runs fn with an Inspector over the open database (lookup:
+// with the broker lookup when one is configured).
+func (o *options) withInspector(ctx context.Context, lookup bool, fn func(context.Context, *inspect.Inspector) (int, error)) (int, error) {
+	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
+		in, err := o.inspector(db, lookup)
+		if err != nil {
+			return 0, err
+		}
+		return fn(ctx, in)
+	})
+}
+
+// output writes v as JSON with --json; otherwise human writes the table.
+func (o *options) output(w io.Writer, v any, human func() error) error {
+	if o.json {
+		return writeJSON(w, v)
+	}
+	return human()
+}
+
+// findings is the exit code of a command that found (or not) something that
+// needs attention.
+func findings(found bool) int {
+	if found {
+		return exitFindings
+	}
+	return exitOK
+}
+
+// anyParked reports whether a dead letter still waits for an operator.
+func anyParked(rows []inspect.DeadLetterRow) bool {
+	return slices.ContainsFunc(rows, func(d inspect.DeadLetterRow) bool { return d.Status == consumer.DeadLetterParked })
 }
 
 func cmdConfig(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -98,16 +142,15 @@ func cmdConfig(ctx context.Context, args []string, env func(string) string, stdo
 		return 0, err
 	}
 	v := map[string]any{"dsn": maskedDSN(c), "namesrv": o.nameServers(), "broker": splitList(o.broker), "table_prefix": o.prefix, "redact_prefix": o.redactPrefix}
-	if o.json {
-		return exitOK, writeJSON(stdout, v)
-	}
-	w := newTable(stdout)
-	w.row("dsn", maskedDSN(c))
-	w.row("namesrv", strings.Join(o.nameServers(), ","))
-	w.row("broker", strings.Join(splitList(o.broker), ","))
-	w.row("table prefix", o.prefix)
-	w.row("redact prefix", strconv.Itoa(o.redactPrefix))
-	return exitOK, w.flush()
+	return exitOK, o.output(stdout, v, func() error {
+		w := newTable(stdout)
+		w.row("dsn", maskedDSN(c))
+		w.row("namesrv", strings.Join(o.nameServers(), ","))
+		w.row("broker", strings.Join(splitList(o.broker), ","))
+		w.row("table prefix", o.prefix)
+		w.row("redact prefix", strconv.Itoa(o.redactPrefix))
+		return w.flush()
+	})
 }
 
 func cmdMigrate(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -116,54 +159,48 @@ func cmdMigrate(ctx context.Context, args []string, env func(string) string, std
 	if _, err := parse(fs, args); err != nil {
 		return 0, err
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	steps := []struct {
-		name string
-		fn   func() error
-	}{
-		{"txlog", func() error {
-			s, err := txlog.New(db, o.prefix)
-			if err != nil {
-				return err
-			}
-			return s.Migrate(ctx)
-		}},
-		{"outbox", func() error {
-			t, err := outbox.NewTable(o.prefix)
-			if err != nil {
-				return err
-			}
-			return t.Migrate(ctx, db)
-		}},
-		{"consumer", func() error { return consumer.Migrate(ctx, db, o.prefix) }},
-		{"replay audit", func() error {
-			r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix})
-			if err != nil {
-				return err
-			}
-			return r.Migrate(ctx)
-		}},
-	}
-	var done []string
-	for _, s := range steps {
-		if err := s.fn(); err != nil {
-			return 0, fmt.Errorf("%s: %w", s.name, err)
+	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
+		steps := []struct {
+			name string
+			fn   func() error
+		}{
+			{"txlog", func() error {
+				s, err := txlog.New(db, o.prefix)
+				if err != nil {
+					return err
+				}
+				return s.Migrate(ctx)
+			}},
+			{"outbox", func() error {
+				t, err := outbox.NewTable(o.prefix)
+				if err != nil {
+					return err
+				}
+				return t.Migrate(ctx, db)
+			}},
+			{"consumer", func() error { return consumer.Migrate(ctx, db, o.prefix) }},
+			{"replay audit", func() error {
+				r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix})
+				if err != nil {
+					return err
+				}
+				return r.Migrate(ctx)
+			}},
 		}
-		done = append(done, s.name)
-	}
-	if o.json {
-		return exitOK, writeJSON(stdout, map[string]any{"migrated": done})
-	}
-	for _, d := range done {
-		fmt.Fprintf(stdout, "migrated %s\n", d)
-	}
-	return exitOK, nil
+		var done []string
+		for _, s := range steps {
+			if err := s.fn(); err != nil {
+				return 0, fmt.Errorf("%s: %w", s.name, err)
+			}
+			done = append(done, s.name)
+		}
+		return exitOK, o.output(stdout, map[string]any{"migrated": done}, func() error {
+			for _, d := range done {
+				fmt.Fprintf(stdout, "migrated %s\n", d)
+			}
+			return nil
+		})
+	})
 }
 
 func cmdInspect(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -179,59 +216,41 @@ func cmdInspect(ctx context.Context, args []string, env func(string) string, std
 	if (*key == "") == (len(pos) != 1) || len(pos) > 1 {
 		return 0, usageErr("give exactly one event id, or --business-key K")
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	in, err := o.inspector(db, !*noBroker)
-	if err != nil {
-		return 0, err
-	}
-	now, _ := o.clock()
-	var views []inspect.EventView
-	if *key != "" {
-		views, err = in.BusinessKey(ctx, *key, *limit)
-	} else {
-		var v inspect.EventView
-		v, err = in.Event(ctx, pos[0])
-		views = []inspect.EventView{v}
-	}
-	notFound := errors.Is(err, inspect.ErrNotFound)
-	if err != nil && !notFound {
-		return 0, err
-	}
-	if o.json {
-		if err := writeJSON(stdout, views); err != nil {
+	return o.withInspector(ctx, !*noBroker, func(ctx context.Context, in *inspect.Inspector) (int, error) {
+		now, _ := o.clock()
+		var views []inspect.EventView
+		var lookupErr error
+		if *key != "" {
+			views, lookupErr = in.BusinessKey(ctx, *key, *limit)
+		} else {
+			var v inspect.EventView
+			v, lookupErr = in.Event(ctx, pos[0])
+			views = []inspect.EventView{v}
+		}
+		notFound := errors.Is(lookupErr, inspect.ErrNotFound)
+		if lookupErr != nil && !notFound {
+			return 0, lookupErr
+		}
+		err := o.output(stdout, views, func() error {
+			if notFound {
+				fmt.Fprintf(stdout, "not found: %v\n", lookupErr)
+				return nil
+			}
+			for k, v := range views {
+				if k > 0 {
+					fmt.Fprintln(stdout)
+				}
+				if err := printEvent(stdout, v, now()); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return 0, err
 		}
-	} else {
-		if notFound {
-			fmt.Fprintf(stdout, "not found: %v\n", err)
-		}
-		for k, v := range views {
-			if notFound {
-				break
-			}
-			if k > 0 {
-				fmt.Fprintln(stdout)
-			}
-			if err := printEvent(stdout, v, now()); err != nil {
-				return 0, err
-			}
-		}
-	}
-	if notFound {
-		return exitFindings, nil
-	}
-	for _, v := range views {
-		if needsAttention(v) {
-			return exitFindings, nil
-		}
-	}
-	return exitOK, nil
+		return findings(notFound || slices.ContainsFunc(views, needsAttention)), nil
+	})
 }
 
 // needsAttention: something about the event is unfinished or failed.
@@ -242,12 +261,7 @@ func needsAttention(v inspect.EventView) bool {
 	if v.Outbox != nil && v.Outbox.Status != "SENT" {
 		return true
 	}
-	for _, d := range v.DeadLetters {
-		if d.Status == "PARKED" {
-			return true
-		}
-	}
-	return false
+	return anyParked(v.DeadLetters)
 }
 
 func cmdStuck(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -258,33 +272,19 @@ func cmdStuck(ctx context.Context, args []string, env func(string) string, stdou
 	if _, err := parse(fs, args); err != nil {
 		return 0, err
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	in, err := o.inspector(db, false)
-	if err != nil {
-		return 0, err
-	}
-	rows, missing, err := in.Stuck(ctx, *older, *limit)
-	if err != nil {
-		return 0, err
-	}
-	if o.json {
-		err = writeJSON(stdout, map[string]any{"stuck": rows, "missing_tables": missing})
-	} else {
-		err = printStuck(stdout, rows, missing, *older)
-	}
-	if err != nil {
-		return 0, err
-	}
-	if len(rows) > 0 {
-		return exitFindings, nil
-	}
-	return exitOK, nil
+	return o.withInspector(ctx, false, func(ctx context.Context, in *inspect.Inspector) (int, error) {
+		rows, missing, err := in.Stuck(ctx, *older, *limit)
+		if err != nil {
+			return 0, err
+		}
+		err = o.output(stdout, map[string]any{"stuck": rows, "missing_tables": missing}, func() error {
+			return printStuck(stdout, rows, missing, *older)
+		})
+		if err != nil {
+			return 0, err
+		}
+		return findings(len(rows) > 0), nil
+	})
 }
 
 // selectorFlags are the dead-letter selectors shared by dead list and replay.
@@ -346,62 +346,18 @@ func cmdDeadList(ctx context.Context, args []string, env func(string) string, st
 	if err != nil {
 		return 0, err
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	in, err := o.inspector(db, false)
-	if err != nil {
-		return 0, err
-	}
-	rows, err := in.DeadLetters(ctx, inspect.DeadLetterFilter{ConsumerGroup: sel.ConsumerGroup, Status: sf.status, EventType: sel.EventType,
-		BusinessKey: sel.BusinessKey, ErrorClass: sel.ErrorClass, Since: sel.Since, Until: sel.Until, Limit: sel.Limit})
-	if err != nil {
-		return 0, err
-	}
-	if len(sel.IDs) > 0 || sel.Topic != "" {
-		rows = filterRows(rows, sel)
-	}
-	if o.json {
-		err = writeJSON(stdout, rows)
-	} else {
-		err = printDeadList(stdout, rows)
-	}
-	if err != nil {
-		return 0, err
-	}
-	for _, r := range rows {
-		if r.Status == "PARKED" {
-			return exitFindings, nil
+	return o.withInspector(ctx, false, func(ctx context.Context, in *inspect.Inspector) (int, error) {
+		rows, err := in.DeadLetters(ctx, inspect.DeadLetterFilter{IDs: sel.IDs, ConsumerGroup: sel.ConsumerGroup, Topic: sel.Topic,
+			Status: sf.status, EventType: sel.EventType, BusinessKey: sel.BusinessKey, ErrorClass: sel.ErrorClass,
+			Since: sel.Since, Until: sel.Until, Limit: sel.Limit})
+		if err != nil {
+			return 0, err
 		}
-	}
-	return exitOK, nil
-}
-
-func filterRows(rows []inspect.DeadLetterRow, sel replay.Selector) []inspect.DeadLetterRow {
-	out := rows[:0]
-	for _, r := range rows {
-		if sel.Topic != "" && r.Topic != sel.Topic {
-			continue
+		if err := o.output(stdout, rows, func() error { return printDeadList(stdout, rows) }); err != nil {
+			return 0, err
 		}
-		if len(sel.IDs) > 0 && !containsID(sel.IDs, r.ID) {
-			continue
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-func containsID(ids []int64, id int64) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
+		return findings(anyParked(rows)), nil
+	})
 }
 
 func cmdDeadShow(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -418,29 +374,17 @@ func cmdDeadShow(ctx context.Context, args []string, env func(string) string, st
 	if err != nil {
 		return 0, usageErr("%q is not a dead-letter id", pos[0])
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	in, err := o.inspector(db, false)
-	if err != nil {
-		return 0, err
-	}
-	d, err := in.DeadLetter(ctx, id)
-	if errors.Is(err, inspect.ErrNotFound) {
-		fmt.Fprintf(stdout, "not found: dead letter %d\n", id)
-		return exitFindings, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	if o.json {
-		return exitOK, writeJSON(stdout, d)
-	}
-	return exitOK, printDeadLetter(stdout, d)
+	return o.withInspector(ctx, false, func(ctx context.Context, in *inspect.Inspector) (int, error) {
+		d, err := in.DeadLetter(ctx, id)
+		if errors.Is(err, inspect.ErrNotFound) {
+			fmt.Fprintf(stdout, "not found: dead letter %d\n", id)
+			return exitFindings, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		return exitOK, o.output(stdout, d, func() error { return printDeadLetter(stdout, d) })
+	})
 }
 
 func cmdReplay(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -473,53 +417,41 @@ func cmdReplay(ctx context.Context, args []string, env func(string) string, stdo
 	if !*dry && len(o.nameServers()) == 0 {
 		return 0, usageErr("a name server is required to replay: --namesrv or RMQTX_NAMESRV")
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix, NameServer: o.nameServers(), Rate: *rateF, Batch: *batch,
-		StopAfterNewDeadLetters: *stopAfter})
-	if err != nil {
-		return 0, err
-	}
-	if *dry {
-		p, err := r.DryRun(ctx, sel)
+	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
+		r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix, NameServer: o.nameServers(), Rate: *rateF, Batch: *batch,
+			StopAfterNewDeadLetters: *stopAfter})
 		if err != nil {
 			return 0, err
 		}
-		if o.json {
-			return exitOK, writeJSON(stdout, p)
+		if *dry {
+			p, err := r.DryRun(ctx, sel)
+			if err != nil {
+				return 0, err
+			}
+			return exitOK, o.output(stdout, p, func() error { return printPlan(stdout, p) })
 		}
-		return exitOK, printPlan(stdout, p)
-	}
-	if err := r.Start(ctx); err != nil {
-		return 0, err
-	}
-	defer r.Close()
-	rep, err := r.Replay(ctx, replay.Request{Selector: sel, Operator: *operator, Reason: *reason})
-	if err != nil && rep.AuditID == 0 {
-		return 0, err
-	}
-	if o.json {
-		if werr := writeJSON(stdout, rep); werr != nil {
+		if err := r.Start(ctx); err != nil {
+			return 0, err
+		}
+		defer r.Close()
+		rep, err := r.Replay(ctx, replay.Request{Selector: sel, Operator: *operator, Reason: *reason})
+		if err != nil && rep.AuditID == 0 {
+			return 0, err
+		}
+		if werr := o.output(stdout, rep, func() error { return printReplay(stdout, rep) }); werr != nil {
 			return 0, werr
 		}
-	} else if werr := printReplay(stdout, rep); werr != nil {
-		return 0, werr
-	}
-	switch {
-	case err != nil || rep.Result == replay.ResultFailed || rep.Result == replay.ResultCanceled:
-		if err == nil {
-			err = fmt.Errorf("replay %s", strings.ToLower(string(rep.Result)))
+		switch {
+		case err != nil || rep.Result == replay.ResultFailed || rep.Result == replay.ResultCanceled:
+			if err == nil {
+				err = fmt.Errorf("replay %s", strings.ToLower(string(rep.Result)))
+			}
+			return 0, err
+		case rep.Result == replay.ResultStopped || rep.Result == replay.ResultPartial:
+			return exitFindings, nil
 		}
-		return 0, err
-	case rep.Result == replay.ResultStopped || rep.Result == replay.ResultPartial:
-		return exitFindings, nil
-	}
-	return exitOK, nil
+		return exitOK, nil
+	})
 }
 
 func cmdArchive(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -546,35 +478,26 @@ func cmdArchive(ctx context.Context, args []string, env func(string) string, std
 		return 0, err
 	}
 	cfg.Now, cfg.Move, cfg.Batch, cfg.TablePrefix = now, *move, *batch, o.prefix
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	cfg.DB = db
-	a, err := archive.New(cfg)
-	if errors.Is(err, archive.ErrConfig) || errors.Is(err, archive.ErrRetentionTooShort) {
-		return 0, usageErr("%v", err)
-	}
-	if err != nil {
-		return 0, err
-	}
-	var rep archive.Report
-	if *dry {
-		rep, err = a.Plan(ctx)
-	} else {
-		rep, err = a.Run(ctx)
-	}
-	if o.json {
-		if werr := writeJSON(stdout, rep); werr != nil {
+	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
+		cfg.DB = db
+		a, err := archive.New(cfg)
+		if errors.Is(err, archive.ErrConfig) || errors.Is(err, archive.ErrRetentionTooShort) {
+			return 0, usageErr("%v", err)
+		}
+		if err != nil {
+			return 0, err
+		}
+		var rep archive.Report
+		if *dry {
+			rep, err = a.Plan(ctx)
+		} else {
+			rep, err = a.Run(ctx)
+		}
+		if werr := o.output(stdout, rep, func() error { return printArchive(stdout, rep) }); werr != nil {
 			return 0, werr
 		}
-	} else if werr := printArchive(stdout, rep); werr != nil {
-		return 0, werr
-	}
-	return exitOK, err
+		return exitOK, err
+	})
 }
 
 func cmdStats(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
@@ -583,23 +506,13 @@ func cmdStats(ctx context.Context, args []string, env func(string) string, stdou
 	if _, err := parse(fs, args); err != nil {
 		return 0, err
 	}
-	ctx, cancel := withTimeout(ctx, &o)
-	defer cancel()
-	db, err := open(ctx, &o)
-	if err != nil {
-		return 0, err
-	}
-	defer db.Close()
-	in, err := o.inspector(db, false)
-	if err != nil {
-		return 0, err
-	}
-	rows, missing, err := in.Stats(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if o.json {
-		return exitOK, writeJSON(stdout, map[string]any{"stats": rows, "missing_tables": missing})
-	}
-	return exitOK, printStats(stdout, rows, missing)
+	return o.withInspector(ctx, false, func(ctx context.Context, in *inspect.Inspector) (int, error) {
+		rows, missing, err := in.Stats(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return exitOK, o.output(stdout, map[string]any{"stats": rows, "missing_tables": missing}, func() error {
+			return printStats(stdout, rows, missing)
+		})
+	})
 }

@@ -9,10 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
 )
 
 // Dead-letter statuses.
@@ -169,39 +169,31 @@ const deadLetterColumns = "id, consumer_group, topic, queue_id, queue_offset, ms
 	" park_count, status, first_seen_at, last_seen_at, replay_count, replayed_at, resolved_at, resolution_note"
 
 type deadLetterRow struct {
-	ID             int64          `db:"id"`
-	ConsumerGroup  string         `db:"consumer_group"`
-	Topic          string         `db:"topic"`
-	QueueID        int            `db:"queue_id"`
-	QueueOffset    int64          `db:"queue_offset"`
-	MsgID          string         `db:"msg_id"`
-	EventID        string         `db:"event_id"`
-	EventType      string         `db:"event_type"`
-	BusinessKey    string         `db:"business_key"`
-	ErrorClass     string         `db:"error_class"`
-	ErrorText      string         `db:"error_text"`
-	Payload        []byte         `db:"payload"`
-	PayloadRedact  bool           `db:"payload_redacted"`
-	RequestHash    string         `db:"request_hash"`
-	ExistingHash   sql.NullString `db:"existing_hash"`
-	Properties     string         `db:"properties"`
-	ReconsumeTimes int            `db:"reconsume_times"`
-	ParkCount      int            `db:"park_count"`
-	Status         string         `db:"status"`
-	FirstSeenAt    mysql.NullTime `db:"first_seen_at"`
-	LastSeenAt     mysql.NullTime `db:"last_seen_at"`
-	ReplayCount    int            `db:"replay_count"`
-	ReplayedAt     mysql.NullTime `db:"replayed_at"`
-	ResolvedAt     mysql.NullTime `db:"resolved_at"`
-	ResolutionNote sql.NullString `db:"resolution_note"`
-}
-
-func nullTime(t mysql.NullTime) *time.Time {
-	if !t.Valid {
-		return nil
-	}
-	u := t.Time.UTC()
-	return &u
+	ID             int64            `db:"id"`
+	ConsumerGroup  string           `db:"consumer_group"`
+	Topic          string           `db:"topic"`
+	QueueID        int              `db:"queue_id"`
+	QueueOffset    int64            `db:"queue_offset"`
+	MsgID          string           `db:"msg_id"`
+	EventID        string           `db:"event_id"`
+	EventType      string           `db:"event_type"`
+	BusinessKey    string           `db:"business_key"`
+	ErrorClass     string           `db:"error_class"`
+	ErrorText      string           `db:"error_text"`
+	Payload        []byte           `db:"payload"`
+	PayloadRedact  bool             `db:"payload_redacted"`
+	RequestHash    string           `db:"request_hash"`
+	ExistingHash   sql.NullString   `db:"existing_hash"`
+	Properties     string           `db:"properties"`
+	ReconsumeTimes int              `db:"reconsume_times"`
+	ParkCount      int              `db:"park_count"`
+	Status         string           `db:"status"`
+	FirstSeenAt    sqltime.NullTime `db:"first_seen_at"`
+	LastSeenAt     sqltime.NullTime `db:"last_seen_at"`
+	ReplayCount    int              `db:"replay_count"`
+	ReplayedAt     sqltime.NullTime `db:"replayed_at"`
+	ResolvedAt     sqltime.NullTime `db:"resolved_at"`
+	ResolutionNote sql.NullString   `db:"resolution_note"`
 }
 
 func (r deadLetterRow) deadLetter() DeadLetter {
@@ -211,14 +203,9 @@ func (r deadLetterRow) deadLetter() DeadLetter {
 		ErrorClass: Class(r.ErrorClass), ErrorText: r.ErrorText, Payload: r.Payload, PayloadRedacted: r.PayloadRedact,
 		RequestHash: r.RequestHash, ExistingHash: r.ExistingHash.String, ReconsumeTimes: r.ReconsumeTimes,
 		ParkCount: r.ParkCount, Status: r.Status, ReplayCount: r.ReplayCount,
-		ReplayedAt: nullTime(r.ReplayedAt), ResolvedAt: nullTime(r.ResolvedAt), ResolutionNote: r.ResolutionNote.String,
+		ReplayedAt: r.ReplayedAt.Ptr(), ResolvedAt: r.ResolvedAt.Ptr(), ResolutionNote: r.ResolutionNote.String,
 	}
-	if t := nullTime(r.FirstSeenAt); t != nil {
-		d.FirstSeenAt = *t
-	}
-	if t := nullTime(r.LastSeenAt); t != nil {
-		d.LastSeenAt = *t
-	}
+	d.FirstSeenAt, d.LastSeenAt = r.FirstSeenAt.Time, r.LastSeenAt.Time
 	_ = json.Unmarshal([]byte(r.Properties), &d.Properties)
 	return d
 }

@@ -8,9 +8,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/rmqtx/rmqtx/internal/migrate"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
 )
 
 //go:embed migrations/*.sql
@@ -60,14 +59,14 @@ type AuditItem struct {
 	Result        string    `db:"result" json:"result"`
 	MsgID         string    `db:"msg_id" json:"msg_id"`
 	Detail        string    `db:"detail" json:"detail"`
-	At            time.Time `db:"at" json:"at"`
+	At            time.Time `db:"-" json:"at"`
 }
 
 type auditRow struct {
 	Audit
-	ErrorText  sql.NullString `db:"error_text"`
-	StartedAt  mysql.NullTime `db:"started_at"`
-	FinishedAt mysql.NullTime `db:"finished_at"`
+	ErrorText  sql.NullString   `db:"error_text"`
+	StartedAt  sqltime.Time     `db:"started_at"`
+	FinishedAt sqltime.NullTime `db:"finished_at"`
 }
 
 const auditColumns = "id, operator, reason, scope, rate_limit, batch_size, selected, sent, failed, skipped, new_dead_letters, result, error_text, started_at, finished_at"
@@ -75,11 +74,8 @@ const auditColumns = "id, operator, reason, scope, rate_limit, batch_size, selec
 func (a auditRow) audit() Audit {
 	out := a.Audit
 	out.ErrorText = a.ErrorText.String
-	out.StartedAt = a.StartedAt.Time.UTC()
-	if a.FinishedAt.Valid {
-		t := a.FinishedAt.Time.UTC()
-		out.FinishedAt = &t
-	}
+	out.StartedAt = a.StartedAt.Time
+	out.FinishedAt = a.FinishedAt.Ptr()
 	return out
 }
 
@@ -117,13 +113,18 @@ func (r *Replayer) ListAudits(ctx context.Context, limit int) ([]Audit, error) {
 
 // AuditItems returns the items of one run in dead-letter id order.
 func (r *Replayer) AuditItems(ctx context.Context, auditID int64) ([]AuditItem, error) {
-	var items []AuditItem
-	if err := r.cfg.DB.SelectContext(ctx, &items, "SELECT audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at FROM "+
+	var rows []struct {
+		AuditItem
+		At sqltime.Time `db:"at"`
+	}
+	if err := r.cfg.DB.SelectContext(ctx, &rows, "SELECT audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at FROM "+
 		r.t.item+" WHERE audit_id = ? ORDER BY dead_letter_id", auditID); err != nil {
 		return nil, fmt.Errorf("replay: audit items: %w", err)
 	}
-	for i := range items {
-		items[i].At = items[i].At.UTC()
+	items := make([]AuditItem, len(rows))
+	for i, row := range rows {
+		items[i] = row.AuditItem
+		items[i].At = row.At.Time
 	}
 	return items, nil
 }

@@ -10,10 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
 )
 
 // Selector picks dead letters. Zero fields do not filter; every set field
@@ -91,26 +90,26 @@ const candidateColumns = "id, consumer_group, topic, event_id, event_type, busin
 	" (payload IS NOT NULL AND request_hash = CONVERT(SHA2(payload, 256) USING ascii)) AS hash_ok"
 
 type candidateRow struct {
-	ID            int64          `db:"id"`
-	ConsumerGroup string         `db:"consumer_group"`
-	Topic         string         `db:"topic"`
-	EventID       string         `db:"event_id"`
-	EventType     string         `db:"event_type"`
-	BusinessKey   string         `db:"business_key"`
-	ErrorClass    string         `db:"error_class"`
-	Status        string         `db:"status"`
-	ReplayCount   int            `db:"replay_count"`
-	FirstSeenAt   mysql.NullTime `db:"first_seen_at"`
-	NoPayload     bool           `db:"no_payload"`
-	Redacted      bool           `db:"payload_redacted"`
-	HashOK        sql.NullBool   `db:"hash_ok"`
+	ID            int64        `db:"id"`
+	ConsumerGroup string       `db:"consumer_group"`
+	Topic         string       `db:"topic"`
+	EventID       string       `db:"event_id"`
+	EventType     string       `db:"event_type"`
+	BusinessKey   string       `db:"business_key"`
+	ErrorClass    string       `db:"error_class"`
+	Status        string       `db:"status"`
+	ReplayCount   int          `db:"replay_count"`
+	FirstSeenAt   sqltime.Time `db:"first_seen_at"`
+	NoPayload     bool         `db:"no_payload"`
+	Redacted      bool         `db:"payload_redacted"`
+	HashOK        sql.NullBool `db:"hash_ok"`
 }
 
 func (r candidateRow) candidate() Candidate {
 	c := Candidate{
 		DeadLetterID: r.ID, ConsumerGroup: r.ConsumerGroup, Topic: r.Topic, EventID: r.EventID,
 		EventType: r.EventType, BusinessKey: r.BusinessKey, ErrorClass: r.ErrorClass, Status: r.Status,
-		ReplayCount: r.ReplayCount, FirstSeenAt: r.FirstSeenAt.Time.UTC(), Action: "replay",
+		ReplayCount: r.ReplayCount, FirstSeenAt: r.FirstSeenAt.Time, Action: "replay",
 	}
 	c.SkipReason = skipReason(r.ErrorClass, r.NoPayload, !r.Redacted || r.HashOK.Bool)
 	if c.SkipReason != "" {

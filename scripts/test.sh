@@ -21,12 +21,24 @@ if [[ $netns == auto ]]; then
   fi
 fi
 
+# The race detector instruments every package of ours. rocketmq-client-go
+# (and the JSON library it encodes headers with) is left uninstrumented: it
+# has known, unfixed races of its own (apache/rocketmq-client-go#790, #1115:
+# rmqClient.Shutdown writes c.close while pull and rebalance goroutines read
+# it), which would fail unrelated tests at random. Synchronisation inside it
+# (channels, mutexes, atomics) is still seen by the detector.
+RACE_FLAGS=(-race
+  "-gcflags=github.com/apache/rocketmq-client-go/v2/...=-race=false"
+  "-gcflags=github.com/json-iterator/go=-race=false"
+  "-gcflags=github.com/modern-go/...=-race=false")
+
 inner() {
   bash scripts/services.sh up
   eval "$(bash scripts/services.sh env)"
-  echo "== go test -race -tags failpoints ./..."
+  echo "== go test -race -tags failpoints ./... (rocketmq-client-go uninstrumented, see above)"
   local rc=0
-  go test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... || rc=$?
+  # shellcheck disable=SC2086
+  go test "${RACE_FLAGS[@]}" -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... || rc=$?
   if [[ $rc == 0 ]]; then
     echo "== fuzz targets (${FUZZTIME:-10s} each)"
     bash scripts/fuzz.sh || rc=$?

@@ -1,0 +1,246 @@
+//go:build failpoints
+
+package faultsuite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/txproducer"
+)
+
+// Environment of a crash subprocess.
+const (
+	envDB      = "RMQTX_FAULTSUITE_DB"
+	envTopic   = "RMQTX_FAULTSUITE_TOPIC"
+	envPGroup  = "RMQTX_FAULTSUITE_PGROUP"
+	envCGroup  = "RMQTX_FAULTSUITE_CGROUP"
+	envEventID = "RMQTX_FAULTSUITE_EVENT_ID"
+	envName    = "RMQTX_FAULTSUITE_NAME"
+
+	roleProducer = "producer"
+	roleOutbox   = "outbox"
+	roleConsumer = "consumer"
+	childLease   = 3 * time.Second
+)
+
+// TestHelperProcess is not a test: the crash matrix re-executes the test
+// binary to run it as a producer, dispatcher or consumer of the scenario's
+// groups, with one failpoint armed. The failpoint kills it with SIGKILL;
+// reaching the end is a failure.
+func TestHelperProcess(t *testing.T) {
+	role := os.Getenv(envRole)
+	if role == "" {
+		return
+	}
+	s := testenv.Load()
+	db, err := sqlx.Open("mysql", s.DSN(os.Getenv(envDB)))
+	require.NoError(t, err)
+	topic, name := os.Getenv(envTopic), os.Getenv(envName)
+	ctx := context.Background()
+	switch role {
+	case roleProducer:
+		p, err := txproducer.New(txproducer.Config{NameServer: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
+			FenceAge: fenceAge, WarmupTopics: []string{topic}, DisableRecovery: true, InstanceName: name})
+		require.NoError(t, err)
+		require.NoError(t, p.Start(ctx))
+		id := os.Getenv(envEventID)
+		b := &bed{topic: topic}
+		_, err = p.Send(ctx, b.message(id), insertOrder(id, "tx", false))
+		t.Fatalf("Send returned (%v): failpoint %s never fired", err, os.Getenv(failpoint.EnvVar))
+	case roleOutbox:
+		sink, err := outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: []string{s.NameServer},
+			Group: os.Getenv(envPGroup) + "_obx", InstanceName: name})
+		require.NoError(t, err)
+		d, err := outbox.NewDispatcher(outbox.Config{DB: db, Sink: sink, Name: name, BatchSize: 4, Concurrency: 4,
+			LeaseDuration: childLease, SendTimeout: 2 * time.Second, PollInterval: 50 * time.Millisecond})
+		require.NoError(t, err)
+		require.NoError(t, d.Start(ctx))
+		d.Notify()
+	case roleConsumer:
+		c, err := consumer.New(consumerConfig(db, s.NameServer, topic, os.Getenv(envCGroup), name))
+		require.NoError(t, err)
+		require.NoError(t, c.Start(ctx))
+	default:
+		t.Fatalf("unknown role %q", role)
+	}
+	<-time.After(childWatchdog)
+	t.Fatalf("%s: failpoint %s never fired", role, os.Getenv(failpoint.EnvVar))
+}
+
+// crashChild runs one subprocess and reports an error unless it died by the
+// failpoint's SIGKILL.
+func (b *bed) crashChild(role, fp, name, eventID string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), childWatchdog+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(),
+		envRole+"="+role, failpoint.EnvVar+"="+fp,
+		envDB+"="+b.dbName, envTopic+"="+b.topic, envPGroup+"="+b.pgroup, envCGroup+"="+b.cgroup,
+		envEventID+"="+eventID, envName+"="+name,
+	)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return fmt.Errorf("%s %s: %v\n%s", role, fp, err, out)
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		return fmt.Errorf("%s %s: not killed by the failpoint: %v\n%s", role, fp, err, out)
+	}
+	return nil
+}
+
+type crashJob struct {
+	role, fp, name, id string
+}
+
+// TestCrashMatrix kills subprocesses with SIGKILL at every failpoint window,
+// cfg.crashes times each, while a second instance of the same group lives in
+// this process and a paced load of transactional Sends and outbox enqueues
+// runs. Then it compares the database's truth with the consumers' view.
+//
+// Expected per window: a producer killed after the half message or inside
+// the local transaction leaves a half that the survivor fences (ROLLED_BACK,
+// never delivered); killed after the local commit or after END_TRANSACTION,
+// the event is COMMITTED and delivered (check-back or end-transaction). A
+// dispatcher killed after its claim or after its send leaves SENDING rows
+// that the survivor takes over when the lease ends (after a send: delivered
+// twice, applied once). A consumer killed after its commit and before its ACK
+// gets the message redelivered to the survivor: a dedup hit.
+func TestCrashMatrix(t *testing.T) {
+	t.Parallel()
+	b := newBed(t, "crash-matrix")
+	p := b.startProducer(t)
+	b.startConsumer(t, "parent")
+	// The parent's dispatcher polls slowly and is never notified, so the
+	// crashing dispatchers (polling every 50 ms) claim most rows first.
+	b.startDispatcher(t, outbox.Config{Name: "obx-parent", PollInterval: 500 * time.Millisecond, LeaseDuration: 10 * time.Second})
+
+	target := int64(cfg.tx / 2)
+	perSec := 8.0
+	if *soakFlag {
+		perSec = 40
+	}
+	lim := rate.NewLimiter(rate.Limit(perSec), 1)
+	var crashesDone atomic.Bool
+	l := b.startLoad([]*txproducer.Producer{p}, nil, 3, cfg.workers, lim, func(l *load) bool {
+		return crashesDone.Load() && l.n.Load() >= target
+	})
+	t.Cleanup(l.stopAndWait)
+
+	producerWindows := []string{failpoint.AfterHalfMessage, failpoint.InsideLocalTx, failpoint.AfterLocalCommit, failpoint.AfterEndTransaction}
+	var jobs []crashJob
+	for i := 0; i < cfg.crashes; i++ {
+		for _, fp := range producerWindows {
+			id := envelope.NewEventID()
+			b.record(&attempt{id: id, source: "crash:" + fp})
+			jobs = append(jobs, crashJob{roleProducer, fp, fmt.Sprintf("%s-crash-%d-%s", b.pgroup, i, fp[len("producer."):]), id})
+		}
+		jobs = append(jobs,
+			crashJob{roleOutbox, failpoint.AfterClaim, fmt.Sprintf("oc-claim-%d", i), ""},
+			crashJob{roleOutbox, failpoint.AfterSend, fmt.Sprintf("oc-send-%d", i), ""},
+			crashJob{roleConsumer, failpoint.AfterConsumeCommit, fmt.Sprintf("cc-%d-%s", i, testenv.RandSuffix(4)), ""},
+		)
+	}
+
+	// Run the subprocesses, three at a time.
+	var (
+		mu       sync.Mutex
+		failures []string
+		held     = map[string]int{} // outbox failpoint -> SENDING rows held by the killed dispatchers
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, 3)
+	)
+	start := time.Now()
+	for _, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := b.crashChild(j.role, j.fp, j.name, j.id); err != nil {
+				mu.Lock()
+				failures = append(failures, err.Error())
+				mu.Unlock()
+				return
+			}
+			if j.role == roleOutbox {
+				var n int
+				_ = b.db.Get(&n, "SELECT COUNT(*) FROM "+b.obx.Name()+" WHERE status = 'SENDING' AND owner_token LIKE ?", j.name+".%")
+				mu.Lock()
+				held[j.fp] += n
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	crashTook := time.Since(start)
+	crashesDone.Store(true)
+	lim.SetLimit(rate.Inf)
+	require.Empty(t, failures, "every subprocess dies by SIGKILL at its failpoint")
+
+	// Producer windows: each crashed transaction ends decided as expected.
+	outcome := map[string][2]int{} // failpoint -> [committed, rolled back]
+	for _, j := range jobs {
+		if j.role != roleProducer {
+			continue
+		}
+		var row txlog.Row
+		waitFor(t, 2*time.Minute, "a decision for the transaction crashed at "+j.fp, func() bool {
+			r, err := b.store.Get(context.Background(), j.id)
+			row = r
+			return err == nil
+		})
+		o := outcome[j.fp]
+		switch j.fp {
+		case failpoint.AfterHalfMessage, failpoint.InsideLocalTx:
+			require.Equal(t, txlog.StateRolledBack, row.State, "%s: never committed", j.fp)
+			require.Equal(t, txlog.ByFence, row.ResolvedBy, "%s: fenced by the surviving instance's check", j.fp)
+			o[1]++
+		default:
+			require.Equal(t, txlog.StateCommitted, row.State, "%s: the local commit stands", j.fp)
+			o[0]++
+		}
+		outcome[j.fp] = o
+	}
+	// The load finishes by itself once it reached its target.
+	done := make(chan struct{})
+	go func() { l.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("load did not finish: %d of %d attempts", l.n.Load(), target)
+	}
+	require.Positive(t, held[failpoint.AfterClaim]+held[failpoint.AfterSend], "the killed dispatchers held claimed rows")
+
+	var parts []string
+	for _, fp := range producerWindows {
+		o := outcome[fp]
+		parts = append(parts, fmt.Sprintf("%s x%d -> committed %d, fenced %d", fp, o[0]+o[1], o[0], o[1]))
+	}
+	b.sc.note("%d subprocesses SIGKILLed in %s: %s", len(jobs), crashTook.Round(time.Second), strings.Join(parts, "; "))
+	b.sc.note("%s x%d (held %d SENDING rows), %s x%d (held %d), %s x%d",
+		failpoint.AfterClaim, cfg.crashes, held[failpoint.AfterClaim], failpoint.AfterSend, cfg.crashes, held[failpoint.AfterSend],
+		failpoint.AfterConsumeCommit, cfg.crashes)
+	b.verify(t, 4*time.Minute)
+}

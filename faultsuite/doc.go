@@ -1,0 +1,46 @@
+// Package faultsuite tries hard to break rmqtx's promise - nothing lost,
+// nothing ghosted, no double effect - and prints the figures.
+//
+// It has no API: everything is in its tests, built with the failpoints tag
+// (the project's test command, `go test -race -tags failpoints ./...`, runs
+// them). TestMain starts a PRIVATE MariaDB, name server and broker through
+// scripts/services.sh (its own run folder and ports 13307, 19876 and 20911,
+// overridable with RMQTX_FAULTSUITE_MYSQL_PORT, RMQTX_FAULTSUITE_NAMESRV_PORT
+// and RMQTX_FAULTSUITE_BROKER_PORT), points internal/testenv at them, and
+// stops them at the end, so the restarts never disturb the services other
+// packages test against at the same time. A detached reaper stops them too if
+// the test binary dies first (a -timeout panic).
+//
+// The scenarios:
+//
+//   - TestRestartBroker: the broker is SIGKILLed and restarted while two
+//     producer instances, an outbox dispatcher and two consumers run a load.
+//   - TestRestartMariaDB: MariaDB is stopped and restarted under the same load.
+//     Both assert that every Send error is one of txproducer's typed errors
+//     (ErrSend, ErrDatabase, ErrCommitUnknown, ...), that the outage surfaced
+//     such errors, and that Sends commit again afterwards.
+//   - TestCrashMatrix: subprocesses are killed with SIGKILL at every failpoint
+//     window (producer: after the half message, inside the local transaction,
+//     after the local commit, after END_TRANSACTION; outbox: after a claim,
+//     after a send; consumer: after its commit, before its ACK), a number of
+//     times each, while a second instance of the same group runs here.
+//   - TestDuplicateStorm: every event is published several times to several
+//     consumer instances, and processors race on the same message.
+//
+// Each scenario ends by comparing the database's truth (txlog rows, outbox
+// rows, business rows) with the consumers' view (business effects, and an
+// independent raw collector), and asserts lost = 0, ghosts = 0 and double
+// effects = 0. A summary table is printed after the run (go test shows a
+// passing package's output with -v, or when run inside the package folder)
+// and written to $TMPDIR/rmqtx-faultsuite-summary.txt (-summary-file).
+//
+// CI mode is the default (at least 400 transactions, 3 crashes per window;
+// about 3 minutes under -race, private services included).
+// Soak mode takes flags after -args:
+//
+//	go test -tags failpoints ./faultsuite -run . -timeout 60m -args -soak -tx 10000 -crashes-per-window 20
+//
+// Flags: -soak, -tx N (minimum transactions in the load phases), -crashes-per-window
+// N, -storm-events N, -workers N, -run-dir DIR and -keep-services (reuse a
+// private set between runs while debugging).
+package faultsuite

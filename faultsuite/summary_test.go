@@ -1,0 +1,92 @@
+//go:build failpoints
+
+package faultsuite
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// scenario holds the figures of one test. The invariants it defends are
+// lost = 0, ghosts = 0 and double effects = 0.
+type scenario struct {
+	Name       string
+	Attempted  int // transactions (or published events) the test started
+	Committed  int // committed per the database truth (txlog COMMITTED rows, outbox rows)
+	RolledBack int // attempted and never committed (business rollback, fenced, failed)
+	Consumed   int // distinct event ids with a business effect
+	Lost       int // committed but not consumed (or Send said committed and the txlog disagrees)
+	Ghosts     int // consumed (or answered COMMIT) but not committed
+	DupAbsorb  int // dedup hits counted by the consumers (duplicates absorbed)
+	DupDeliver int // raw duplicate deliveries seen by an independent collector
+	Double     int // event ids with more than one business effect
+	Duration   time.Duration
+	Notes      []string
+}
+
+func (s *scenario) note(format string, args ...any) {
+	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))
+}
+
+type summary struct {
+	mu         sync.Mutex
+	scenarios  []*scenario
+	servicesUp time.Duration
+	runDir     string
+}
+
+var report = &summary{}
+
+func (r *summary) add(s *scenario) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.scenarios = append(r.scenarios, s)
+}
+
+func (r *summary) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.scenarios) == 0 {
+		return ""
+	}
+	sc := append([]*scenario(nil), r.scenarios...)
+	sort.SliceStable(sc, func(i, j int) bool { return sc[i].Name < sc[j].Name })
+	mode := "CI"
+	if *soakFlag {
+		mode = "soak"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n==== rmqtx fault suite summary: %s mode (tx=%d crashes-per-window=%d storm-events=%d workers=%d) ====\n",
+		mode, cfg.tx, cfg.crashes, cfg.storm, cfg.workers)
+	head := "%-18s %9s %9s %11s %8s %5s %6s %12s %13s %14s %8s\n"
+	row := "%-18s %9d %9d %11d %8d %5d %6d %12d %13d %14d %8s\n"
+	fmt.Fprintf(&b, head, "scenario", "attempted", "committed", "rolled_back", "consumed", "lost", "ghosts", "dup_absorbed", "dup_delivered", "double_effects", "took")
+	var t scenario
+	for _, s := range sc {
+		fmt.Fprintf(&b, row, s.Name, s.Attempted, s.Committed, s.RolledBack, s.Consumed, s.Lost, s.Ghosts, s.DupAbsorb, s.DupDeliver, s.Double, s.Duration.Round(time.Second))
+		t.Attempted += s.Attempted
+		t.Committed += s.Committed
+		t.RolledBack += s.RolledBack
+		t.Consumed += s.Consumed
+		t.Lost += s.Lost
+		t.Ghosts += s.Ghosts
+		t.DupAbsorb += s.DupAbsorb
+		t.DupDeliver += s.DupDeliver
+		t.Double += s.Double
+	}
+	fmt.Fprintf(&b, row, "TOTAL", t.Attempted, t.Committed, t.RolledBack, t.Consumed, t.Lost, t.Ghosts, t.DupAbsorb, t.DupDeliver, t.Double, "")
+	for _, s := range sc {
+		for _, n := range s.Notes {
+			fmt.Fprintf(&b, "  %s: %s\n", s.Name, n)
+		}
+	}
+	verdict := "PASS"
+	if t.Lost != 0 || t.Ghosts != 0 || t.Double != 0 {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(&b, "==== lost=%d ghosts=%d double_effects=%d: %s ====\n", t.Lost, t.Ghosts, t.Double, verdict)
+	return b.String()
+}

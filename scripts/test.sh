@@ -37,8 +37,16 @@ inner() {
   eval "$(bash scripts/services.sh env)"
   echo "== go test -race -tags failpoints ./... (rocketmq-client-go uninstrumented, see above)"
   local rc=0
+  local summary=${TMPDIR:-/tmp}/rmqtx-faultsuite-summary.txt
+  rm -f "$summary"
   # shellcheck disable=SC2086
   go test "${RACE_FLAGS[@]}" -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... || rc=$?
+  # go test hides a passing package's output; the fault suite's figures
+  # (lost, ghosts, double effects) belong in every run's log.
+  if [[ -f $summary ]]; then
+    echo "== fault-injection summary"
+    cat "$summary"
+  fi
   if [[ $rc == 0 ]]; then
     echo "== fuzz targets (${FUZZTIME:-10s} each)"
     bash scripts/fuzz.sh || rc=$?

@@ -124,6 +124,10 @@ func (e Envelope) Validate() error {
 	if (e.AggregateType == "") != (e.AggregateID == "") {
 		return invalid("aggregate type and id must be set together")
 	}
+	if e.AggregateType == "" && e.AggregateVersion != 0 {
+		// Properties carries the version only with its aggregate.
+		return invalid("aggregate version %d without an aggregate", e.AggregateVersion)
+	}
 	if err := checkText("business key", e.BusinessKey, MaxKeyLen, false); err != nil {
 		return err
 	}

@@ -40,6 +40,7 @@ func TestInvalid(t *testing.T) {
 		"control char":   {PropEventID: "x\x01y", PropEventType: "T"},
 		"long id":        {PropEventID: strings.Repeat("x", MaxIDLen+1), PropEventType: "T"},
 		"agg id no type": {PropEventID: "x", PropEventType: "T", PropAggregateID: "1"},
+		"version no agg": {PropEventID: "x", PropEventType: "T", PropAggregateVersion: "3"},
 	}
 	for name, props := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -2,15 +2,16 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
@@ -114,6 +115,15 @@ type ProcessorConfig struct {
 	// ProcessTimeout bounds one message's transaction, handler included.
 	// Default 30s.
 	ProcessTimeout time.Duration
+	// DedupCacheSize bounds the in-memory cache of recently committed
+	// (event id, request hash) pairs of this group. A redelivery found there
+	// with the same hash is ACKed as a dedup hit with no database round trip;
+	// one with another hash takes the database path (conflicts are decided
+	// there). Entries are added only after a commit (or a database dedup hit
+	// that read the committed row), never for a failed or rolled-back attempt,
+	// and the oldest is evicted first. About 200 bytes per entry. Default
+	// DefaultDedupCacheSize (10000); negative disables the cache.
+	DedupCacheSize int
 	// Redact is applied to a payload before it is stored in a dead letter
 	// (I10). Default: stored as is, which keeps the dead letter replayable.
 	// A redacting hook makes the stored payload differ from request_hash;
@@ -165,6 +175,9 @@ func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 	}
 	if c.DelayLevel == nil {
 		c.DelayLevel = DefaultDelayLevel
+	}
+	if c.DedupCacheSize == 0 {
+		c.DedupCacheSize = DefaultDedupCacheSize
 	}
 	if c.ProcessTimeout <= 0 {
 		c.ProcessTimeout = 30 * time.Second
@@ -268,6 +281,8 @@ type Processor struct {
 	db    *sqlx.DB
 	t     tables
 	q     queries
+	cache *dedupCache // nil when disabled
+	dups  dupWindow
 	stats struct {
 		applied, duplicates, conflicts, stale, gaps, retries, parked, ignored atomic.Int64
 	}
@@ -287,10 +302,17 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		return nil, err
 	}
 	t, _ := newTables(cfg.TablePrefix)
-	p := &Processor{cfg: cfg, db: cfg.DB, t: t}
+	p := &Processor{cfg: cfg, db: cfg.DB, t: t, cache: newDedupCache(cfg.DedupCacheSize)}
 	p.q = queries{
+		// On a duplicate key the row is locked and changed (the change is
+		// rolled back at once), so the statement reports 2 rows affected
+		// whatever clientFoundRows says, and LAST_INSERT_ID(expr) makes its
+		// insert id 1 when the stored hash is this one, 2 when not: a
+		// duplicate costs this one statement, not an error plus a SELECT.
 		insertLog: "INSERT INTO " + t.log + " (consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at)" +
-			" VALUES (?, ?, ?, ?, '" + StatusApplied + "', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+			" VALUES (?, ?, ?, ?, '" + StatusApplied + "', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
+			" ON DUPLICATE KEY UPDATE retry_count = retry_count + LAST_INSERT_ID(IF(request_hash = ?, " +
+			strconv.FormatInt(dupSameHash, 10) + ", " + strconv.FormatInt(dupOtherHash, 10) + "))",
 		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ?",
 		markStale:     "UPDATE " + t.log + " SET status = '" + StatusStale + "' WHERE consumer_group = ? AND event_id = ?",
 		setResultRef:  "UPDATE " + t.log + " SET result_ref = ? WHERE consumer_group = ? AND event_id = ?",
@@ -310,6 +332,12 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	return p, nil
 }
 
+// Insert ids of insertLog on a duplicate key (see NewProcessor).
+const (
+	dupSameHash  int64 = 1
+	dupOtherHash int64 = 2
+)
+
 // Consume-log statuses.
 const (
 	StatusApplied = "SUCCESS" // the effect committed
@@ -321,6 +349,9 @@ func (p *Processor) Config() ProcessorConfig { return p.cfg }
 
 // Migrate creates the consumer tables under the processor's prefix.
 func (p *Processor) Migrate(ctx context.Context) error { return Migrate(ctx, p.db, p.cfg.TablePrefix) }
+
+// DedupCacheStats returns a snapshot of the dedup cache's size and hits.
+func (p *Processor) DedupCacheStats() DedupCacheStats { return p.cache.stats() }
 
 // Stats returns a snapshot of the counters.
 func (p *Processor) Stats() Stats {
@@ -379,6 +410,25 @@ func (p *Processor) Process(ctx context.Context, m Message) Outcome {
 
 func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route) Outcome {
 	g := p.cfg.Group
+	// 0. A redelivery of an event this processor saw committed, with the same
+	// hash: a dedup hit without the database. Anything else (a miss, another
+	// hash) takes the transaction below.
+	if p.cache.hit(ev.ID, ev.PayloadHash) {
+		return p.duplicate(ev)
+	}
+	// While the database has mostly been answering "duplicate" (a replay
+	// after a rebalance or a restart), a committed dedup row is looked up
+	// first, outside any transaction: one point read instead of BEGIN,
+	// INSERT, ROLLBACK. Only a committed row with this very hash is trusted;
+	// a miss, another hash or an error takes the transaction.
+	if p.dups.storm() {
+		var existing string
+		if err := p.db.GetContext(ctx, &existing, p.q.selectLogHash, g, ev.ID); err == nil && existing == ev.PayloadHash {
+			p.dups.record(true)
+			p.cache.add(ev.ID, existing)
+			return p.duplicate(ev)
+		}
+	}
 	tx, err := p.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: begin: %w", err))
@@ -393,21 +443,26 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 	defer rollback()
 
 	// 1. The dedup row, first and in one statement: a concurrent delivery of
-	// the same event blocks here on the row lock until this tx ends.
-	if _, err := tx.ExecContext(ctx, p.q.insertLog, g, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes); err != nil {
+	// the same event blocks here on the row lock until this tx ends. On a
+	// duplicate key the statement locks the existing (committed) row and
+	// says whether its hash is ours.
+	res, err := tx.ExecContext(ctx, p.q.insertLog, g, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes, ev.PayloadHash)
+	if err != nil {
 		rollback()
-		if !isDuplicateKey(err) {
-			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: insert consume log: %w", err))
-		}
-		var existing string
-		if err := p.db.GetContext(ctx, &existing, p.q.selectLogHash, g, ev.ID); err != nil {
-			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: read consume log: %w", err))
-		}
-		if existing == ev.PayloadHash {
-			p.stats.duplicates.Add(1)
-			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerDedupHits }, g, p.typeLabel(ev))
-			p.count(ev, ResultDuplicate)
-			return Outcome{Result: ResultDuplicate, EventID: ev.ID}
+		return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: insert consume log: %w", err))
+	}
+	dup, existing, err := p.dedupResult(ctx, tx, res, ev)
+	if err == nil {
+		p.dups.record(dup)
+	}
+	if err != nil || dup {
+		rollback()
+		switch {
+		case err != nil:
+			return p.fail(ctx, m, ev, ClassTransient, err)
+		case existing == ev.PayloadHash:
+			p.cache.add(ev.ID, existing) // the row we locked is committed
+			return p.duplicate(ev)
 		}
 		err := fmt.Errorf("%w: event %s applied with payload hash %s, redelivered with %s", ErrConflict, ev.ID, existing, ev.PayloadHash)
 		return p.park(ctx, m, ev, ClassConflict, err, existing, 0)
@@ -433,6 +488,7 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 			if err := p.commit(tx, &done); err != nil {
 				return p.fail(ctx, m, ev, ClassTransient, err)
 			}
+			p.cache.add(ev.ID, ev.PayloadHash)
 			p.stats.stale.Add(1)
 			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerStale }, g, p.typeLabel(ev))
 			p.count(ev, ResultStale)
@@ -471,12 +527,46 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 		return p.fail(ctx, m, ev, ClassTransient, err)
 	}
 	failpoint.Inject(failpoint.AfterConsumeCommit)
+	p.cache.add(ev.ID, ev.PayloadHash) // only now: the effect is committed
 	p.stats.applied.Add(1)
 	p.count(ev, ResultApplied)
 	if p.cfg.Metrics != nil && !ev.Delivery.StoredAt.IsZero() {
 		p.cfg.Metrics.ConsumerLag.WithLabelValues(g).Observe(time.Since(ev.Delivery.StoredAt).Seconds())
 	}
 	return Outcome{Result: ResultApplied, EventID: ev.ID}
+}
+
+// dedupResult reads the outcome of insertLog: 1 row affected is a new dedup
+// row; 2 is an existing one, whose hash the insert id tells (dupSameHash) or,
+// if not, a read of the locked row in the same transaction returns.
+func (p *Processor) dedupResult(ctx context.Context, tx *sqlx.Tx, res sql.Result, ev Event) (dup bool, existing string, err error) {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, "", fmt.Errorf("consumer: insert consume log: %w", err)
+	}
+	switch n {
+	case 1:
+		return false, "", nil
+	case 2:
+	default:
+		return false, "", fmt.Errorf("consumer: insert consume log: %d rows affected", n)
+	}
+	if id, err := res.LastInsertId(); err == nil && id == dupSameHash {
+		return true, ev.PayloadHash, nil
+	}
+	if err := tx.GetContext(ctx, &existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
+		return false, "", fmt.Errorf("consumer: read consume log: %w", err)
+	}
+	return true, existing, nil
+}
+
+// duplicate counts and returns a dedup hit: the event's effect is committed
+// with this payload hash, so the message is ACKed without the handler.
+func (p *Processor) duplicate(ev Event) Outcome {
+	p.stats.duplicates.Add(1)
+	metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerDedupHits }, p.cfg.Group, p.typeLabel(ev))
+	p.count(ev, ResultDuplicate)
+	return Outcome{Result: ResultDuplicate, EventID: ev.ID}
 }
 
 func (p *Processor) commit(tx *sqlx.Tx, done *bool) error {
@@ -708,11 +798,6 @@ func callValidate(v func(Event) error, ev Event) (err error) {
 		}
 	}()
 	return v(ev)
-}
-
-func isDuplicateKey(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1062
 }
 
 // clip makes s valid UTF-8 of at most n characters, to fit its column.

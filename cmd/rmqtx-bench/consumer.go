@@ -57,9 +57,11 @@ func measureDrain(ctx context.Context, e *Env, index int, want int64, start func
 
 // runConsumer preloads N messages into a topic, then drains them with fresh
 // groups: the raw push-consumer handler (business insert in its own
-// transaction) and the rmqtx consumer (dedup row + the same insert). Then
-// the rmqtx group drains a second topic that holds the same event ids again:
-// every message is a duplicate hit.
+// transaction) and the rmqtx consumer (dedup row + the same insert). Then a
+// second topic that holds the same event ids again is drained twice, every
+// message a duplicate hit of the first-delivery group: warm, by the very
+// Processor that applied them (its dedup cache answers), and cold, by a new
+// consumer instance of the group (the database answers).
 func runConsumer(ctx context.Context, e *Env) *Workload {
 	o := e.Opt
 	n := o.Messages
@@ -69,9 +71,10 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	}}
 	raw := &Side{Name: sideRawHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; handler: BEGIN; business INSERT; COMMIT"}
 	first := &Side{Name: sideFirst, Unit: "msgs/s", Description: "rmqtx consumer, first delivery: BEGIN; dedup INSERT; business INSERT; COMMIT"}
-	dup := &Side{Name: sideDuplicate, Unit: "msgs/s", Description: "rmqtx consumer, same group, same ids again: dedup hit, handler not run"}
+	cold := &Side{Name: sideDupCold, Unit: "msgs/s", Description: "duplicate hit (cold: new consumer instance of the group, DB dedup): BEGIN; dedup INSERT .. ON DUPLICATE KEY (hash check); ROLLBACK, then, once 48 of the last 64 were duplicates, one point read of the committed dedup row; handler not run"}
+	warm := &Side{Name: sideDupWarm, Unit: "msgs/s", Description: "duplicate hit (warm: the Processor instance that applied them, dedup cache): no database round trip, handler not run"}
 	noop := &Side{Name: sideNoopHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer, handler does nothing: the client's own ceiling"}
-	w.Sides = []*Side{raw, first, dup, noop}
+	w.Sides = []*Side{raw, first, cold, warm, noop}
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
@@ -158,7 +161,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		handlerRuns.Add(1)
 		return nil
 	}
-	startRmqtx := func(group, t string, duplicates bool) func() (*drain, error) {
+	// startRmqtx runs a new consumer.Consumer (a new instance: empty dedup
+	// cache); keep, when set, receives it (its Processor outlives Shutdown).
+	startRmqtx := func(group, t string, duplicates bool, keep func(*consumer.Consumer)) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
 				ProcessorConfig: consumer.ProcessorConfig{
@@ -178,6 +183,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				_ = c.Close()
 				return nil, err
 			}
+			if keep != nil {
+				keep(c)
+			}
 			count := func() int64 {
 				st := c.Processor().Stats()
 				if duplicates {
@@ -193,6 +201,32 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return &drain{count: count, stop: stop}, nil
 		}
 	}
+	// startWarm drains the duplicates through proc, the Processor that
+	// applied them, fed by a push consumer of its own broker group (proc's
+	// dedup group is unchanged) the way consumer.Consumer feeds it with
+	// BatchSize 1: MessageFromExt, Process, ACK unless a retry.
+	startWarm := func(group string, proc *consumer.Processor) func() (*drain, error) {
+		return func() (*drain, error) {
+			base := proc.Stats().Duplicates
+			pc, err := e.rawPushConsumer(group, dupTopic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
+				if out := proc.Process(ctx, consumer.MessageFromExt(m)); !out.Ack() {
+					return fmt.Errorf("%s: %w", out.Result, out.Err)
+				}
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			count := func() int64 { return proc.Stats().Duplicates - base }
+			return &drain{count: count, stop: func() { _ = pc.Shutdown() }}, nil
+		}
+	}
+	cacheHits := func(c *consumer.Consumer) float64 {
+		if c == nil {
+			return 0
+		}
+		return float64(c.Processor().DedupCacheStats().Hits)
+	}
 
 	// Warm-up: a throw-away group of each kind drains the topic once (not
 	// measured), so the broker's page cache, the connection pool and the
@@ -201,15 +235,20 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		if _, err := measureDrain(ctx, e, 0, int64(n), startRaw(e.Names.Name("cwarmraw"))); err != nil {
 			return fail(fmt.Errorf("warm-up raw: %w", err))
 		}
-		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), topic, false)); err != nil {
+		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), topic, false, nil)); err != nil {
 			return fail(fmt.Errorf("warm-up rmqtx: %w", err))
 		}
 		e.Log("  warm-up done")
 	}
 
-	order := []string{sideRawHandler, sideFirst}
+	order, dupOrder := []string{sideRawHandler, sideFirst}, []string{sideDupWarm, sideDupCold}
+	logRound := func(r int, name string, ro Round) {
+		e.Log("  round %d %-34s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+	}
+	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
 		rawGroup, txGroup := e.Names.Name("craw"), e.Names.Name("ctx")
+		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
 				ro  Round
@@ -221,7 +260,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					raw.Rounds = append(raw.Rounds, ro)
 				}
 			} else {
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false))
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false, func(c *consumer.Consumer) { applier = c }))
 				if err == nil {
 					first.Rounds = append(first.Rounds, ro)
 				}
@@ -229,44 +268,71 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			if err != nil {
 				return fail(fmt.Errorf("round %d %s: %w", r+1, name, err))
 			}
-			e.Log("  round %d %-32s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+			logRound(r, name, ro)
 		}
-		// Duplicates right after first delivery of the same group: every
-		// dedup row exists.
-		ro, err := measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, dupTopic, true))
-		if err != nil {
-			return fail(fmt.Errorf("round %d %s: %w", r+1, sideDuplicate, err))
+		// Duplicates of what the first-delivery group just applied (every
+		// dedup row exists): warm through the same Processor, cold through a
+		// new instance of the group; the order alternates.
+		for _, name := range rotate(dupOrder, r) {
+			var (
+				ro  Round
+				err error
+			)
+			if name == sideDupWarm {
+				before := cacheHits(applier)
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startWarm(e.Names.Name("cwarm"), applier.Processor()))
+				if err == nil {
+					ro.Extra["cache_hits"] = cacheHits(applier) - before
+					warmMisses += int64(n) - int64(ro.Extra["cache_hits"])
+					warm.Rounds = append(warm.Rounds, ro)
+				}
+			} else {
+				var inst *consumer.Consumer
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, dupTopic, true, func(c *consumer.Consumer) { inst = c }))
+				if err == nil {
+					ro.Extra["cache_hits"] = cacheHits(inst)
+					coldHits += int64(ro.Extra["cache_hits"])
+					cold.Rounds = append(cold.Rounds, ro)
+				}
+			}
+			if err != nil {
+				return fail(fmt.Errorf("round %d %s: %w", r+1, name, err))
+			}
+			logRound(r, name, ro)
 		}
-		dup.Rounds = append(dup.Rounds, ro)
-		e.Log("  round %d %-32s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, sideDuplicate, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
 		// The client's ceiling: a handler that does nothing.
-		ro, err = measureDrain(ctx, e, r+1, int64(n), startNoop(e.Names.Name("cnoop")))
+		ro, err := measureDrain(ctx, e, r+1, int64(n), startNoop(e.Names.Name("cnoop")))
 		if err != nil {
 			return fail(fmt.Errorf("round %d %s: %w", r+1, sideNoopHandler, err))
 		}
 		noop.Rounds = append(noop.Rounds, ro)
-		e.Log("  round %d %-32s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, sideNoopHandler, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+		logRound(r, sideNoopHandler, ro)
 	}
 
 	// Effects: the rmqtx handler ran once per (group, event) - warm-up group
 	// included - and never for a duplicate.
 	rounds := int64(len(first.Rounds))
-	warm := int64(0)
+	warmup := int64(0)
 	if o.Warmup > 0 {
-		warm = 1
+		warmup = 1
 	}
-	if got, wantRuns := handlerRuns.Load(), (rounds+warm)*int64(n); got != wantRuns {
+	if got, wantRuns := handlerRuns.Load(), (rounds+warmup)*int64(n); got != wantRuns {
 		w.Notes = append(w.Notes, fmt.Sprintf("rmqtx handler ran %d times for %d (group, event) pairs (redeliveries of rolled-back attempts count too)", got, wantRuns))
 	}
 	if rows, err := e.countRows(ctx, txTable); err == nil {
-		if int64(rows) != (rounds+warm)*int64(n) {
-			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d rmqtx business rows for %d (group, event) pairs", rows, (rounds+warm)*int64(n)))
+		if int64(rows) != (rounds+warmup)*int64(n) {
+			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d rmqtx business rows for %d (group, event) pairs", rows, (rounds+warmup)*int64(n)))
 		} else {
-			e.Log("  check: %d rmqtx business rows = %d groups x %d events; 0 effects from %d duplicate deliveries", rows, rounds+warm, n, int64(len(dup.Rounds))*int64(n))
+			e.Log("  check: %d rmqtx business rows = %d groups x %d events; 0 effects from %d duplicate deliveries", rows, rounds+warmup, n, int64(len(cold.Rounds)+len(warm.Rounds))*int64(n))
 		}
 	}
 	w.Notes = append(w.Notes,
 		"rate = messages processed from the first to the last one (polled every 2ms), so client start-up and rebalancing are excluded; wall time with start-up is in the JSON (extra.wall_seconds)",
-		"every round uses fresh consumer groups on one preloaded topic; the duplicate side re-reads the same ids from a second topic with the first-delivery group")
+		"every round uses fresh consumer groups on one preloaded topic; both duplicate sides re-read the same ids from a second topic as dedup hits of the first-delivery group",
+		"cold = a new consumer.Consumer of the group (empty cache): the database decides every duplicate, the first 48 by BEGIN; dedup INSERT .. ON DUPLICATE KEY; ROLLBACK, the rest by a point read of the committed row (duplicate-storm mode); warm = the Processor that applied the events, fed by a push consumer: its dedup cache answers with no database round trip; the 2x target is checked on cold")
+	if warmMisses != 0 || coldHits != 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("dedup cache: %d warm duplicates missed the cache (DedupCacheSize %d, messages %d), %d cold duplicates hit it (redeliveries)",
+			warmMisses, consumer.DefaultDedupCacheSize, n, coldHits))
+	}
 	return w
 }

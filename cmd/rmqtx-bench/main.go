@@ -245,7 +245,8 @@ const (
 
 	sideRawHandler  = "raw handler"
 	sideFirst       = "rmqtx first delivery"
-	sideDuplicate   = "rmqtx duplicate hit"
+	sideDupCold     = "rmqtx duplicate hit, cold (DB)"
+	sideDupWarm     = "rmqtx duplicate hit, warm (cache)"
 	sideNoopHandler = "raw no-op handler (ceiling)"
 
 	sideOutboxRaw  = "raw SendSync"
@@ -270,8 +271,10 @@ func addRatios(w *Workload) {
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
 	case "consumer":
 		w.AddRatio("rmqtx first delivery / raw handler", sideFirst, sideRawHandler, targetFirst)
-		w.AddRatio("rmqtx duplicate hit / rmqtx first delivery", sideDuplicate, sideFirst, targetDuplicate)
-		w.AddRatio("rmqtx duplicate hit / raw no-op ceiling", sideDuplicate, sideNoopHandler, 0)
+		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
+		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)
+		w.AddRatio("duplicate cold (DB) / raw no-op ceiling", sideDupCold, sideNoopHandler, 0)
+		w.AddRatio("duplicate warm (cache) / raw no-op ceiling", sideDupWarm, sideNoopHandler, 0)
 		w.AddRatio("raw handler / raw no-op ceiling", sideRawHandler, sideNoopHandler, 0)
 	case "outbox":
 		w.AddRatio("dispatcher x1 / raw SendSync", sideOutboxOne, sideOutboxRaw, targetOutbox)

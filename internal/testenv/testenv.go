@@ -169,4 +169,17 @@ func CreateTopic(t testing.TB, topic string, queues int) {
 	); err != nil {
 		t.Fatalf("testenv: create topic %s: %v", topic, err)
 	}
+	// The broker registers the new topic with the name server
+	// asynchronously; a producer that asks for the route before then gets
+	// "route info not found". Wait until the name server has it.
+	for {
+		mqs, err := a.FetchPublishMessageQueues(ctx, topic)
+		if err == nil && len(mqs) >= queues {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("testenv: topic %s not routed by the name server: %v (%d queues)", topic, err, len(mqs))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

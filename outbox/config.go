@@ -30,11 +30,18 @@ type Config struct {
 	// Name identifies this dispatcher in owner tokens and logs. Default:
 	// "<hostname>-<pid>-<random>". At most 64 characters of [A-Za-z0-9._-].
 	Name string
-	// BatchSize is the most rows one claim transaction takes. Default 64.
+	// BatchSize is the most rows one claim transaction takes. While every
+	// sender is busy, the dispatcher claims again once it has room for half
+	// a batch. Default 64.
 	BatchSize int
-	// Concurrency is the most sends in flight. A claim never takes more rows
-	// than there are free send slots, so claimed rows never wait in memory.
-	// Default 16.
+	// Concurrency is the most sends in flight. Beyond them, the dispatcher
+	// claims ahead: up to 2*max(BatchSize, Concurrency) claimed rows wait
+	// for a sender, fewer when sends are slow (as many as the senders get
+	// through, at the measured send duration, in half of LeaseDuration -
+	// SendTimeout - LeaseDuration/10), none when SendTimeout leaves less
+	// than a fifth of LeaseDuration. A row that waited longer than that
+	// margin anyway is handed back unsent, and Shutdown hands back every row
+	// still waiting. Default 16.
 	Concurrency int
 	// PollInterval is how often the table is polled when no Notify arrives.
 	// Default 1s.

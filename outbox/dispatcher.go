@@ -19,26 +19,65 @@ import (
 
 // Dispatcher claims due outbox rows and sends them through a Sink. Any
 // number of dispatchers, in one process or many, can serve one table.
+//
+// Inside, one goroutine claims, Config.Concurrency goroutines send, and one
+// goroutine writes SENT outcomes. The claimer keeps a small buffer of
+// claimed rows ahead of the senders, so a claim takes many rows at once and
+// its round trips overlap the sends; the buffer is bounded so that a
+// buffered row's send starts well inside its lease, and a row that waited
+// too long anyway is handed back unsent. Successful sends are marked SENT in
+// batches, one UPDATE per owner token.
 type Dispatcher struct {
 	cfg   Config
 	table Table
 	q     queries
 
-	wake  chan struct{}
-	slots chan struct{}
+	wake  chan struct{} // Notify, and a batch of SENT marks written
+	freed chan struct{} // a row finished: room to claim
 
-	mu         sync.Mutex
-	started    bool
-	closed     bool
-	stopLoop   context.CancelFunc
-	stopSends  context.CancelFunc
-	loopDone   chan struct{}
-	sends      sync.WaitGroup
-	background sync.WaitGroup
+	rowsCh   chan claimedRow // claimed rows waiting for a sender
+	held     atomic.Int64    // claimed rows not yet finished (waiting or sending)
+	maxWait  time.Duration   // longest a claimed row may wait for a sender; 0: no claim-ahead
+	aheadMax int             // most rows claimed beyond Concurrency
+	minClaim int             // fewest rows worth a claim while every sender is busy
+	sendEst  atomic.Int64    // estimated duration of one send (ns); 0 until measured
+	rescan   atomic.Bool     // an aggregate's next version may be claimable: scan PENDING from the start
+
+	markMu     sync.Mutex
+	groups     map[string]*markGroup // by owner token: the claims not yet fully recorded
+	markSignal chan struct{}
+	flushAfter time.Duration // longest a sent row waits for its claim's other rows
+
+	mu          sync.Mutex
+	started     bool
+	closed      bool
+	stopping    bool
+	finished    chan struct{}
+	stopLoop    context.CancelFunc
+	stopSends   context.CancelFunc
+	loopDone    chan struct{}
+	stopWorkers chan struct{}
+	workers     sync.WaitGroup
+	stopMarker  chan struct{}
+	markerDone  chan struct{}
+	background  sync.WaitGroup
 
 	stats struct {
 		claimed, sent, retried, unknown, dead, tookOver, lostLeases, released, claimErrors, markErrors atomic.Int64
 	}
+}
+
+// sentRow is a row whose send succeeded, waiting for its SENT update.
+type sentRow struct {
+	r   claimedRow
+	out Outcome
+}
+
+// markGroup is one claim (one owner token) as the marker sees it.
+type markGroup struct {
+	left  int       // rows of the claim not yet finished
+	rows  []sentRow // sent rows waiting for the SENT update
+	first time.Time // when the oldest of rows was sent
 }
 
 // Stats are counters since the dispatcher was created.
@@ -50,7 +89,7 @@ type Stats struct {
 	Dead        int64 // rows marked DEAD
 	TookOver    int64 // rows claimed after another owner's lease expired
 	LostLeases  int64 // outcomes not written because the row had a new owner
-	Released    int64 // rows handed back at shutdown
+	Released    int64 // rows handed back unsent (at shutdown, or after waiting too long for a sender)
 	ClaimErrors int64 // failed claim transactions
 	MarkErrors  int64 // outcomes that could not be written (the lease expires instead)
 }
@@ -67,12 +106,31 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	d := &Dispatcher{
-		cfg:   cfg,
-		table: t,
-		q:     newQueries(t.name),
-		wake:  make(chan struct{}, 1),
-		slots: make(chan struct{}, cfg.Concurrency),
+		cfg:        cfg,
+		table:      t,
+		q:          newQueries(t.name),
+		wake:       make(chan struct{}, 1),
+		freed:      make(chan struct{}, 1),
+		markSignal: make(chan struct{}, 1),
+		groups:     map[string]*markGroup{},
+		flushAfter: min(cfg.PollInterval, 10*time.Millisecond),
+		// Up to two claims' worth of rows wait for a sender, so the next
+		// claim runs while the senders work through the last one; while every
+		// sender is busy, a claim waits until it can take half a batch.
+		aheadMax: 2 * max(cfg.BatchSize, cfg.Concurrency),
+		minClaim: max(1, cfg.BatchSize/2),
 	}
+	// A claimed row's lease must cover its wait for a sender, the send
+	// (at most SendTimeout) and the outcome update (a tenth of the lease).
+	// When SendTimeout leaves too little room, nothing is claimed ahead.
+	margin := cfg.LeaseDuration / 10
+	if w := cfg.LeaseDuration - cfg.SendTimeout - margin; w >= margin {
+		d.maxWait = w
+	} else {
+		d.aheadMax = 0
+	}
+	d.rowsCh = make(chan claimedRow, cfg.Concurrency+d.aheadMax)
+	d.q.stmts = newStmtCache(cfg.DB)
 	d.cfg.Logger = cfg.Logger.WithFields(logrus.Fields{"component": "outbox", "dispatcher": cfg.Name})
 	return d, nil
 }
@@ -98,7 +156,16 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	sendCtx, stopSends := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopLoop, d.stopSends = stopLoop, stopSends
 	d.loopDone = make(chan struct{})
-	go d.loop(loopCtx, sendCtx)
+	d.finished = make(chan struct{})
+	d.stopWorkers = make(chan struct{})
+	d.stopMarker = make(chan struct{})
+	d.markerDone = make(chan struct{})
+	d.workers.Add(d.cfg.Concurrency)
+	for i := 0; i < d.cfg.Concurrency; i++ {
+		go d.worker(sendCtx)
+	}
+	go d.marker()
+	go d.loop(loopCtx)
 	if d.cfg.Metrics != nil {
 		d.background.Add(1)
 		go d.refreshLoop(loopCtx)
@@ -116,18 +183,33 @@ func (d *Dispatcher) Notify() {
 	}
 }
 
-// Shutdown stops claiming and waits for the sends in flight and their
-// outcomes. When ctx ends first, the sends are cancelled, their rows are
-// handed back (PENDING or RETRY, due at once) and ctx's error is returned.
+// Shutdown stops claiming, hands back the claimed rows no sender has picked
+// up yet (PENDING or RETRY, due at once, no retry used), and waits for the
+// sends in flight and their outcomes. When ctx ends first, the sends are
+// cancelled, their rows are handed back too and ctx's error is returned.
 // Idempotent; safe without Start.
 func (d *Dispatcher) Shutdown(ctx context.Context) error {
 	d.mu.Lock()
 	d.closed = true
-	started := d.started
+	started, first := d.started, d.started && !d.stopping
+	if started {
+		d.stopping = true
+	}
 	d.mu.Unlock()
 	if !started {
 		return nil
 	}
+	if !first {
+		select {
+		case <-d.finished:
+			return nil
+		case <-ctx.Done():
+			d.stopSends()
+			<-d.finished
+			return fmt.Errorf("outbox: shutdown: %w", ctx.Err())
+		}
+	}
+	defer close(d.finished)
 	d.stopLoop()
 	select {
 	case <-d.loopDone:
@@ -136,17 +218,34 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 		<-d.loopDone
 	}
 	d.background.Wait()
+	// Nothing is claimed any more: hand back what no sender has taken.
+	var left []claimedRow
+	for drained := false; !drained; {
+		select {
+		case r := <-d.rowsCh:
+			left = append(left, r)
+		default:
+			drained = true
+		}
+	}
+	close(d.stopWorkers)
+	d.releaseBuffered(left)
 	done := make(chan struct{})
-	go func() { d.sends.Wait(); close(done) }()
+	go func() { d.workers.Wait(); close(done) }()
+	var err error
 	select {
 	case <-done:
-		d.stopSends()
-		return nil
 	case <-ctx.Done():
 		d.stopSends()
 		<-done
-		return fmt.Errorf("outbox: shutdown: %w", ctx.Err())
+		err = fmt.Errorf("outbox: shutdown: %w", ctx.Err())
 	}
+	// The senders are gone: write the last SENT outcomes.
+	close(d.stopMarker)
+	<-d.markerDone
+	d.stopSends()
+	d.q.stmts.close()
+	return err
 }
 
 // Close stops at once: sends in flight are cancelled and their rows handed
@@ -171,82 +270,145 @@ func (d *Dispatcher) Stats() Stats {
 	}
 }
 
-func (d *Dispatcher) loop(ctx, sendCtx context.Context) {
+// loop claims while rows are due and there is room: a wake-up (Notify, SENT
+// marks written) or a poll makes rows due; a claim that comes back short
+// means nothing more is due. Every claim looks for PENDING rows; expired
+// leases and due RETRY rows are looked for once per PollInterval, and again
+// on the next claim while the last look came back full.
+func (d *Dispatcher) loop(ctx context.Context) {
 	defer close(d.loopDone)
 	ticker := time.NewTicker(d.cfg.PollInterval)
 	defer ticker.Stop()
+	due, sweepNow := true, true
+	var lastSweep time.Time
+	var more stepSet  // steps that may have more due rows than they last took
+	var resume string // where the PENDING step resumes; "": from the start
 	for {
-		d.drain(ctx, sendCtx)
+		if ctx.Err() != nil {
+			return
+		}
+		if n := d.room(); due && n > 0 {
+			sweep := sweepNow || time.Since(lastSweep) >= d.cfg.PollInterval
+			steps := stepSet{stepExpired: sweep || more[stepExpired], stepRetry: sweep || more[stepRetry], stepPending: true}
+			if sweep {
+				sweepNow, lastSweep = false, time.Now()
+			}
+			if sweep || d.rescan.Swap(false) {
+				// a poll looks at the whole range: rows committed late, or
+				// heads whose predecessor is now SENT or DEAD, sit before resume
+				resume = ""
+			}
+			res, err := d.claim(ctx, n, steps, resume)
+			if err != nil {
+				due, resume = false, ""
+				if ctx.Err() == nil {
+					d.stats.claimErrors.Add(1)
+					log := d.cfg.Logger.WithError(err)
+					if isDeadlock(err) {
+						// InnoDB rolled the claim back whole: nothing to repair.
+						log.Debug("outbox: claim lost a deadlock; retrying at the next wake-up")
+					} else {
+						log.Warn("outbox: claim failed; retrying at the next wake-up")
+					}
+				}
+				continue
+			}
+			resume = ""
+			if res.full[stepPending] {
+				resume = res.last // the backlog goes on: skip what this claim walked
+			}
+			for i, run := range steps {
+				if run {
+					// a step not reached (the batch filled first) may have due rows
+					more[i] = !res.ran[i] || res.full[i]
+				}
+			}
+			if len(res.rows) > 0 {
+				d.markMu.Lock()
+				d.groups[res.rows[0].token] = &markGroup{left: len(res.rows)}
+				d.markMu.Unlock()
+				d.held.Add(int64(len(res.rows)))
+				for _, r := range res.rows {
+					d.rowsCh <- r // never blocks: held rows fit the channel
+				}
+			}
+			due = len(res.rows) >= n
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-d.wake:
+			due = true
+		case <-d.freed:
 		case <-ticker.C:
+			due, sweepNow = true, true
 		}
 	}
 }
 
-// drain claims and dispatches until a claim comes back short, the send slots
-// are full (a finishing send wakes the loop again) or ctx ends.
-func (d *Dispatcher) drain(ctx, sendCtx context.Context) {
-	for ctx.Err() == nil {
-		n := 0
-	acquire:
-		for n < d.cfg.BatchSize {
-			select {
-			case d.slots <- struct{}{}:
-				n++
-			default:
-				break acquire
-			}
+// room returns how many rows the next claim may take, or 0 when it should
+// wait: at most Concurrency plus the claim-ahead allowance may be held, and
+// while every sender is busy a claim waits until it can take minClaim rows.
+func (d *Dispatcher) room() int {
+	held := int(d.held.Load())
+	c := d.cfg.Concurrency
+	free := c + d.ahead() - held
+	if free <= 0 || (held >= c && free < d.minClaim) {
+		return 0
+	}
+	return min(d.cfg.BatchSize, free)
+}
+
+// ahead is how many rows may wait for a sender beyond Concurrency: as many
+// as the senders get through in half of maxWait at the estimated send
+// duration, at most aheadMax. Before the first send, a send is assumed to
+// take SendTimeout.
+func (d *Dispatcher) ahead() int {
+	if d.maxWait <= 0 {
+		return 0
+	}
+	est := d.sendEst.Load()
+	if est <= 0 {
+		est = int64(d.cfg.SendTimeout)
+	}
+	a := int64(d.cfg.Concurrency) * int64(d.maxWait/2) / est
+	return int(min(a, int64(d.aheadMax)))
+}
+
+// observeSend updates the send estimate: quick to rise, slow to fall.
+func (d *Dispatcher) observeSend(took time.Duration) {
+	t := max(int64(took), 1)
+	for {
+		old := d.sendEst.Load()
+		est := t
+		switch {
+		case old == 0:
+		case t > old:
+			est = old + (t-old)/2
+		default:
+			est = old - (old-t)/8
 		}
-		if n == 0 {
-			return
-		}
-		rows, err := d.claim(ctx, n)
-		for i := len(rows); i < n; i++ {
-			<-d.slots
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				d.stats.claimErrors.Add(1)
-				log := d.cfg.Logger.WithError(err)
-				if isDeadlock(err) {
-					// InnoDB rolled the claim back whole: nothing to repair.
-					log.Debug("outbox: claim lost a deadlock; retrying at the next poll")
-				} else {
-					log.Warn("outbox: claim failed; retrying at the next poll")
-				}
-			}
-			return
-		}
-		for _, r := range rows {
-			d.sends.Add(1)
-			go d.send(sendCtx, r)
-		}
-		if len(rows) < n {
+		if d.sendEst.CompareAndSwap(old, max(est, 1)) {
 			return
 		}
 	}
 }
 
-func (d *Dispatcher) claim(ctx context.Context, n int) ([]claimedRow, error) {
+func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from string) (claimResult, error) {
 	start := time.Now()
 	token := d.cfg.Name + "." + randomSuffix()
-	rows, err := d.q.claim(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration)
+	res, err := d.q.claimWith(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, steps, from)
 	if d.cfg.Metrics != nil {
 		d.cfg.Metrics.OutboxClaimLatency.Observe(time.Since(start).Seconds())
 	}
-	if err != nil {
-		return nil, err
-	}
-	if len(rows) == 0 {
-		return nil, nil
+	if err != nil || len(res.rows) == 0 {
+		return res, err
 	}
 	// The rows are SENDING with our token and nothing is sent yet.
 	failpoint.Inject(failpoint.AfterClaim)
-	d.stats.claimed.Add(int64(len(rows)))
-	for _, r := range rows {
+	d.stats.claimed.Add(int64(len(res.rows)))
+	for _, r := range res.rows {
 		if r.tookOver {
 			d.stats.tookOver.Add(1)
 			metrics.Inc(d.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.OutboxLeaseExpired }, r.Destination)
@@ -254,87 +416,129 @@ func (d *Dispatcher) claim(ctx context.Context, n int) ([]claimedRow, error) {
 				Info("outbox: took over a row whose lease expired")
 		}
 	}
-	return rows, nil
+	return res, nil
 }
 
-func (d *Dispatcher) send(sendCtx context.Context, r claimedRow) {
-	defer d.sends.Done()
-	defer d.Notify() // a slot is free and the aggregate's next version may be due
-	defer func() { <-d.slots }()
+func (d *Dispatcher) worker(sendCtx context.Context) {
+	defer d.workers.Done()
+	for {
+		select {
+		case <-d.stopWorkers:
+			return
+		case r := <-d.rowsCh:
+			d.finishRow(r.token, d.handle(sendCtx, r))
+			d.held.Add(-1)
+			select {
+			case d.freed <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
 
+// handle sends one claimed row and records the outcome, except a success:
+// that it returns, for the marker to write SENT in a batch.
+func (d *Dispatcher) handle(sendCtx context.Context, r claimedRow) *sentRow {
 	msg := &Message{Event: r.event(), Attempt: r.RetryCount + 1}
 	out := Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msg.Attempt, TookOver: r.tookOver}
+	log := d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msg.Attempt})
+	if d.maxWait > 0 && time.Since(r.claimedAt) > d.maxWait {
+		// The row waited so long for a sender that its lease could end
+		// before the send does: hand it back unsent instead.
+		log.Info("outbox: a claimed row waited too long for a sender; handed back unsent")
+		d.releaseOne(r, out, log)
+		return nil
+	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
 	err := d.safeSend(ctx, msg)
 	cancel()
+	if sendCtx.Err() == nil {
+		d.observeSend(time.Since(start))
+	}
 	if err == nil {
 		// The receiver has the message; the row is not yet SENT. A crash here
 		// resends it after the lease: consumers deduplicate.
 		failpoint.Inject(failpoint.AfterSend)
+		d.countSend(r, "success", "")
+		return &sentRow{r: r, out: out}
 	}
-	log := d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msg.Attempt})
+	out.Err = err
+	if sendCtx.Err() != nil {
+		// Shutdown cancelled the send: hand the row back without using a retry.
+		d.releaseOne(r, out, log)
+		return nil
+	}
 	var n int64
 	var merr error
-	switch {
-	case err == nil:
-		out.Status = StatusSent
-		n, merr = d.mark(func(ctx context.Context) (int64, error) { return d.q.markSent(ctx, d.cfg.DB, r.EventID, r.token) })
+	class := ClassOf(err)
+	code := truncate(CodeOf(err), maxErrorCode)
+	text := truncate(d.cfg.Redact(err.Error()), maxErrorMessage)
+	if class == ClassPermanent || r.RetryCount >= d.cfg.MaxRetries {
+		out.Status = StatusDead
+		n, merr = d.mark(func(ctx context.Context) (int64, error) {
+			return d.q.markDead(ctx, d.cfg.DB, r.EventID, r.token, code, text)
+		})
 		if merr == nil && n == 1 {
-			d.stats.sent.Add(1)
+			d.stats.dead.Add(1)
+			if r.AggregateType != "" {
+				d.rescan.Store(true)
+			}
+			log.WithFields(logrus.Fields{"class": class.String(), "code": code, "retries": r.RetryCount}).
+				Warn("outbox: row is DEAD: " + text)
 		}
-		d.countSend(r, "success", "")
-	case sendCtx.Err() != nil:
-		// Shutdown cancelled the send: hand the row back without using a retry.
-		out.Err = err
-		out.Status = StatusPending
-		if r.RetryCount > 0 {
-			out.Status = StatusRetry
-		}
-		n, merr = d.mark(func(ctx context.Context) (int64, error) { return d.q.release(ctx, d.cfg.DB, r.EventID, r.token) })
+		d.countSend(r, "dead", class.String())
+	} else {
+		out.Status = StatusRetry
+		out.RetryIn = Backoff(r.RetryCount, d.cfg.BackoffBase, d.cfg.BackoffMax)
+		n, merr = d.mark(func(ctx context.Context) (int64, error) {
+			return d.q.markRetry(ctx, d.cfg.DB, r.EventID, r.token, out.RetryIn, code, text)
+		})
 		if merr == nil && n == 1 {
-			d.stats.released.Add(1)
-		}
-	default:
-		class := ClassOf(err)
-		out.Err = err
-		code := truncate(CodeOf(err), maxErrorCode)
-		text := truncate(d.cfg.Redact(err.Error()), maxErrorMessage)
-		if class == ClassPermanent || r.RetryCount >= d.cfg.MaxRetries {
-			out.Status = StatusDead
-			n, merr = d.mark(func(ctx context.Context) (int64, error) {
-				return d.q.markDead(ctx, d.cfg.DB, r.EventID, r.token, code, text)
-			})
-			if merr == nil && n == 1 {
-				d.stats.dead.Add(1)
-				log.WithFields(logrus.Fields{"class": class.String(), "code": code, "retries": r.RetryCount}).
-					Warn("outbox: row is DEAD: " + text)
-			}
-			d.countSend(r, "dead", class.String())
-		} else {
-			out.Status = StatusRetry
-			out.RetryIn = Backoff(r.RetryCount, d.cfg.BackoffBase, d.cfg.BackoffMax)
-			n, merr = d.mark(func(ctx context.Context) (int64, error) {
-				return d.q.markRetry(ctx, d.cfg.DB, r.EventID, r.token, out.RetryIn, code, text)
-			})
-			if merr == nil && n == 1 {
-				if class == ClassUnknown {
-					d.stats.unknown.Add(1)
-				} else {
-					d.stats.retried.Add(1)
-				}
-			}
-			result := "retry"
 			if class == ClassUnknown {
-				result = "unknown"
+				d.stats.unknown.Add(1)
+			} else {
+				d.stats.retried.Add(1)
 			}
-			d.countSend(r, result, class.String())
 		}
+		result := "retry"
+		if class == ClassUnknown {
+			result = "unknown"
+		}
+		d.countSend(r, result, class.String())
 	}
+	d.record(out, n == 1, merr, log)
+	d.Notify() // a DEAD row unblocks its aggregate's next version
+	return nil
+}
+
+// releaseOne hands r back unsent: PENDING (or RETRY when it has failed
+// before), due at once, its retry count unchanged.
+func (d *Dispatcher) releaseOne(r claimedRow, out Outcome, log logrus.FieldLogger) {
+	out.Status = releasedStatus(r)
+	n, merr := d.mark(func(ctx context.Context) (int64, error) { return d.q.release(ctx, d.cfg.DB, r.EventID, r.token) })
+	if merr == nil && n == 1 {
+		d.stats.released.Add(1)
+	}
+	d.record(out, n == 1, merr, log)
+	d.Notify()
+}
+
+func releasedStatus(r claimedRow) Status {
+	if r.RetryCount > 0 {
+		return StatusRetry
+	}
+	return StatusPending
+}
+
+// record counts an outcome that was written (landed), lost to a new owner,
+// or could not be written, and reports it to OnOutcome.
+func (d *Dispatcher) record(out Outcome, landed bool, merr error, log logrus.FieldLogger) {
 	switch {
 	case merr != nil:
 		d.stats.markErrors.Add(1)
 		log.WithError(merr).Warn("outbox: could not record the outcome; the row is resent after its lease expires")
-	case n == 0:
+	case !landed:
 		d.stats.lostLeases.Add(1)
 		out.LostLease = true
 		out.Status = ""
@@ -343,6 +547,168 @@ func (d *Dispatcher) send(sendCtx context.Context, r claimedRow) {
 	if d.cfg.OnOutcome != nil {
 		d.cfg.OnOutcome(out)
 	}
+}
+
+// finishRow tells the marker that a row of the claim token is finished:
+// sent (s != nil, waiting for SENT) or recorded otherwise.
+func (d *Dispatcher) finishRow(token string, s *sentRow) {
+	d.markMu.Lock()
+	g := d.groups[token]
+	g.left--
+	if s != nil {
+		if len(g.rows) == 0 {
+			g.first = time.Now()
+		}
+		g.rows = append(g.rows, *s)
+	}
+	signal := s != nil || g.left == 0
+	if g.left == 0 && len(g.rows) == 0 {
+		delete(d.groups, token)
+	}
+	d.markMu.Unlock()
+	if signal {
+		select {
+		case d.markSignal <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// marker writes SENT for the rows the senders finish, one UPDATE per claim:
+// when every row of the claim is finished, or when its oldest sent row has
+// waited flushAfter, whichever comes first. At stop it writes what is left.
+func (d *Dispatcher) marker() {
+	defer close(d.markerDone)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	stop := false
+	for {
+		batch, next := d.takeReady(stop)
+		if len(batch) > 0 {
+			d.flushSent(batch)
+			continue // more may have become ready meanwhile
+		}
+		if stop {
+			return
+		}
+		var wait <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 0)) // Go 1.23+: no stale tick to drain
+			wait = timer.C
+		}
+		select {
+		case <-d.markSignal:
+		case <-wait:
+		case <-d.stopMarker:
+			stop = true // the senders are gone: write what is left and leave
+		}
+	}
+}
+
+// takeReady removes and returns the sent rows whose claim is finished or
+// whose oldest row waited flushAfter (all of them when all is set), and
+// returns when the next group becomes ready (zero: no group waits).
+func (d *Dispatcher) takeReady(all bool) ([]sentRow, time.Time) {
+	d.markMu.Lock()
+	defer d.markMu.Unlock()
+	now := time.Now()
+	var batch []sentRow
+	var next time.Time
+	for token, g := range d.groups {
+		if len(g.rows) == 0 {
+			continue
+		}
+		due := g.first.Add(d.flushAfter)
+		if all || g.left == 0 || !now.Before(due) {
+			batch = append(batch, g.rows...)
+			g.rows = nil
+			if g.left == 0 {
+				delete(d.groups, token)
+			}
+			continue
+		}
+		if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	return batch, next
+}
+
+func (d *Dispatcher) flushSent(batch []sentRow) {
+	for _, g := range groupByToken(batch, func(s sentRow) claimedRow { return s.r }) {
+		ids := make([]string, len(g))
+		for i, s := range g {
+			ids[i] = s.r.EventID
+		}
+		var landed map[string]bool
+		_, merr := d.mark(func(ctx context.Context) (int64, error) {
+			var err error
+			landed, err = d.q.markSentMany(ctx, d.cfg.DB, g[0].r.token, ids)
+			return 0, err
+		})
+		for _, s := range g {
+			out := s.out
+			out.Status = StatusSent
+			if merr == nil && landed[s.r.EventID] {
+				d.stats.sent.Add(1)
+				if s.r.AggregateType != "" {
+					d.rescan.Store(true)
+				}
+			}
+			d.record(out, landed[s.r.EventID], merr,
+				d.cfg.Logger.WithFields(logrus.Fields{"event_id": s.r.EventID, "destination": s.r.Destination, "attempt": out.Attempt}))
+		}
+	}
+	d.Notify() // the next versions of these rows' aggregates may be due
+}
+
+// releaseBuffered hands back, unsent, rows claimed ahead that no sender took
+// (at shutdown), one UPDATE per owner token.
+func (d *Dispatcher) releaseBuffered(rows []claimedRow) {
+	for _, g := range groupByToken(rows, func(r claimedRow) claimedRow { return r }) {
+		ids := make([]string, len(g))
+		for i, r := range g {
+			ids[i] = r.EventID
+		}
+		n, merr := d.mark(func(ctx context.Context) (int64, error) {
+			return d.q.releaseMany(ctx, d.cfg.DB, g[0].token, ids)
+		})
+		if merr == nil {
+			d.stats.released.Add(n)
+		}
+		// Fewer rows changed than asked: some had a new owner already. Which
+		// ones is not worth a query at shutdown; none is reported lost.
+		for _, r := range g {
+			out := Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType,
+				Attempt: r.RetryCount + 1, TookOver: r.tookOver, Status: releasedStatus(r)}
+			d.record(out, true, merr, d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination}))
+			d.finishRow(r.token, nil)
+		}
+	}
+}
+
+// groupByToken splits xs by owner token, keeping first-seen order, in groups
+// of at most maxInList.
+func groupByToken[T any](xs []T, row func(T) claimedRow) [][]T {
+	var order []string
+	by := map[string][]T{}
+	for _, x := range xs {
+		t := row(x).token
+		if _, ok := by[t]; !ok {
+			order = append(order, t)
+		}
+		by[t] = append(by[t], x)
+	}
+	var out [][]T
+	for _, t := range order {
+		g := by[t]
+		for len(g) > 0 {
+			k := min(len(g), maxInList)
+			out = append(out, g[:k])
+			g = g[k:]
+		}
+	}
+	return out
 }
 
 func (d *Dispatcher) safeSend(ctx context.Context, m *Message) (err error) {

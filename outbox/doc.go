@@ -29,6 +29,16 @@
 // between them sends the event again: delivery is at least once and consumers
 // deduplicate by event id.
 //
+// Throughput: one goroutine claims while Config.Concurrency goroutines send.
+// Claimed rows wait in a small buffer bounded by what the senders get
+// through well inside the lease, so claims are large and overlap the sends.
+// A claim looks for PENDING rows every time; expired leases and due RETRY
+// rows once per PollInterval (and again while that look came back full).
+// Successful sends are marked SENT in one UPDATE per claim (conditioned on
+// the claim's owner token, as every outcome is), written when the claim's
+// rows are all finished or at most 10ms after the first of them; failures are
+// written row by row. The frequent statements are prepared once.
+//
 // Order per aggregate: a dispatcher only claims the head of an aggregate, the
 // row with the lowest aggregate version that is not yet SENT or DEAD. The next
 // version becomes claimable once its predecessor is SENT (or DEAD), so any

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -12,20 +13,54 @@ import (
 // queries holds the dispatcher's SQL for one table. Table names are
 // validated identifiers; every value is bound.
 type queries struct {
-	table        string
-	claimSteps   []string // locking selects, in priority order
-	notHeads     string
-	takeRows     string
-	sqlMarkSent  string
-	sqlMarkRetry string
-	sqlMarkDead  string
-	sqlRelease   string
+	table          string
+	stmts          *stmtCache       // nil: nothing is prepared ahead
+	claimSteps     [numSteps]string // locking selects, in priority order
+	pendingFrom    string           // stepPending resuming at a next_retry_at
+	notHeads       string
+	takeRows       string
+	sqlMarkSent    string
+	sqlMarkRetry   string
+	sqlMarkDead    string
+	sqlRelease     string
+	sqlSentMany    string // SENT for the rows of one owner token
+	sqlSentLanded  string // which of them carry our SENT
+	sqlReleaseMany string // release the rows of one owner token
 }
+
+// The claim steps, in priority order. stepPending runs on every claim; the
+// other two only when something can be due (see Dispatcher.loop).
+const (
+	stepExpired = iota // SENDING rows whose lease expired: their owner is gone or stuck
+	stepRetry          // RETRY rows whose backoff is over
+	stepPending        // PENDING rows
+	numSteps
+)
+
+// stepSet selects claim steps.
+type stepSet [numSteps]bool
+
+var allSteps = stepSet{true, true, true}
 
 type claimedRow struct {
 	rowScan
 	token    string
 	tookOver bool
+	// claimedAt is taken before the claim transaction begins, so it is never
+	// later than the lease's start on the database's clock.
+	claimedAt time.Time
+}
+
+// claimResult is what one claim transaction took. ran and full say, per
+// step, whether it ran and whether it returned as many rows as it asked for
+// (so more rows of that kind may be due).
+type claimResult struct {
+	rows []claimedRow
+	ran  stepSet
+	full stepSet
+	// last is the next_retry_at of the last row the PENDING step read: where
+	// the next claim may resume while the step comes back full.
+	last string
 }
 
 func newQueries(table string) queries {
@@ -34,16 +69,23 @@ func newQueries(table string) queries {
 	head := `(o.aggregate_type = '' OR NOT EXISTS (SELECT 1 FROM ` + table + ` p
   WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
     AND p.aggregate_version < o.aggregate_version AND p.status IN ('PENDING', 'SENDING', 'RETRY')))`
-	sel := "SELECT " + eventColumns + " FROM " + table + " o WHERE "
+	sel := "SELECT " + eventColumns + ", " + tsExpr("o.next_retry_at") + " AS next_retry_at_s FROM " + table + " o WHERE "
 	lock := " LIMIT ? FOR UPDATE SKIP LOCKED"
 	return queries{
 		table: table,
-		claimSteps: []string{
-			// expired leases first: their owner is gone or stuck
-			sel + "o.status = 'SENDING' AND o.lease_until < UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.lease_until" + lock,
-			sel + "o.status = 'RETRY' AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.next_retry_at" + lock,
-			sel + "o.status = 'PENDING' AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.next_retry_at" + lock,
+		// Each step reads one status in index order, so a step locks at most
+		// the rows it returns (an OR over statuses would sort, locking every
+		// due row).
+		claimSteps: [numSteps]string{
+			stepExpired: sel + "o.status = 'SENDING' AND o.lease_until < UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.lease_until" + lock,
+			stepRetry:   sel + "o.status = 'RETRY' AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.next_retry_at" + lock,
+			stepPending: sel + "o.status = 'PENDING' AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.next_retry_at" + lock,
 		},
+		// While a backlog drains, the rows a claim took leave delete-marked
+		// entries at the start of the PENDING range until purge removes them;
+		// a scan from the start walks all of them again on every claim.
+		pendingFrom: sel + "o.status = 'PENDING' AND o.next_retry_at >= ? AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head +
+			" ORDER BY o.next_retry_at" + lock,
 		// A plain (non-locking) read of the same condition: it sees every
 		// committed row, including rows another claim holds locked, whatever
 		// the engine does with SKIP LOCKED inside a subquery.
@@ -61,6 +103,13 @@ func newQueries(table string) queries {
   lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`,
 		sqlRelease: "UPDATE " + table + ` SET status = IF(retry_count = 0, 'PENDING', 'RETRY'), next_retry_at = UTC_TIMESTAMP(6),
   lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`,
+		sqlSentMany: "UPDATE " + table + ` SET status = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL,
+  updated_at = UTC_TIMESTAMP(6) WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
+		// SENT is terminal and every claim has its own token, so a SENT row
+		// with our token is one our update wrote.
+		sqlSentLanded: "SELECT event_id FROM " + table + ` WHERE owner_token = ? AND status = 'SENT' AND event_id IN (?)`,
+		sqlReleaseMany: "UPDATE " + table + ` SET status = IF(retry_count = 0, 'PENDING', 'RETRY'), next_retry_at = UTC_TIMESTAMP(6),
+  lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
 	}
 }
 
@@ -71,9 +120,21 @@ func newQueries(table string) queries {
 // snapshot, and REPEATABLE READ's gap locks make it deadlock with
 // concurrent Enqueues.
 func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration) ([]claimedRow, error) {
+	res, err := q.claimWith(ctx, db, token, n, lease, allSteps, "")
+	return res.rows, err
+}
+
+// claimWith is claim running only the selected steps (stepPending should
+// always be among them). A non-empty from makes the PENDING step skip rows
+// due before it (a next_retry_at as claimResult.last returns it): the caller
+// must scan from the start again whenever such a row may have become
+// claimable.
+func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration, steps stepSet, from string) (claimResult, error) {
+	var res claimResult
+	claimedAt := time.Now()
 	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: begin: %w", err)
+		return res, fmt.Errorf("outbox: claim: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	var rows []claimedRow
@@ -81,16 +142,29 @@ func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, le
 		if len(rows) >= n {
 			break
 		}
+		if !steps[i] {
+			continue
+		}
 		var got []rowScan
-		if err := tx.SelectContext(ctx, &got, stmt, n-len(rows)); err != nil {
-			return nil, fmt.Errorf("outbox: claim: select: %w", err)
+		want := n - len(rows)
+		args := []any{want}
+		if i == stepPending && from != "" {
+			stmt, args = q.pendingFrom, []any{from, want}
+		}
+		if err := q.stmts.txSelect(ctx, tx, &got, stmt, args...); err != nil {
+			return res, fmt.Errorf("outbox: claim: select: %w", err)
+		}
+		res.ran[i] = true
+		res.full[i] = len(got) >= want
+		if i == stepPending && len(got) > 0 {
+			res.last = got[len(got)-1].NextRetryAt
 		}
 		for _, r := range got {
-			rows = append(rows, claimedRow{rowScan: r, tookOver: i == 0})
+			rows = append(rows, claimedRow{rowScan: r, tookOver: i == stepExpired, claimedAt: claimedAt})
 		}
 	}
 	if len(rows) == 0 {
-		return nil, nil
+		return res, nil
 	}
 	ids := make([]string, 0, len(rows))
 	for _, r := range rows {
@@ -99,13 +173,13 @@ func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, le
 		}
 	}
 	if len(ids) > 0 {
-		query, args, err := sqlx.In(q.notHeads, ids)
+		query, args, err := inList(q.notHeads, nil, ids)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: claim: %w", err)
+			return res, fmt.Errorf("outbox: claim: %w", err)
 		}
 		var drop []string
-		if err := tx.SelectContext(ctx, &drop, query, args...); err != nil {
-			return nil, fmt.Errorf("outbox: claim: head check: %w", err)
+		if err := q.stmts.txSelect(ctx, tx, &drop, query, args...); err != nil {
+			return res, fmt.Errorf("outbox: claim: head check: %w", err)
 		}
 		if len(drop) > 0 {
 			skip := make(map[string]bool, len(drop))
@@ -137,24 +211,130 @@ func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, le
 	}
 	rows = kept
 	if len(rows) == 0 {
-		return nil, nil
+		return res, nil
 	}
 	ids = ids[:0]
 	for i := range rows {
 		ids = append(ids, rows[i].EventID)
 		rows[i].token = token
 	}
-	query, args, err := sqlx.In(q.takeRows, token, lease.Microseconds(), ids)
+	query, args, err := inList(q.takeRows, []any{token, lease.Microseconds()}, ids)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: claim: %w", err)
+		return res, fmt.Errorf("outbox: claim: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
-		return nil, fmt.Errorf("outbox: claim: update: %w", err)
+	if err := q.stmts.txExec(ctx, tx, query, args...); err != nil {
+		return res, fmt.Errorf("outbox: claim: update: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("outbox: claim: commit: %w", err)
+		return res, fmt.Errorf("outbox: claim: commit: %w", err)
 	}
-	return rows, nil
+	res.rows = rows
+	return res, nil
+}
+
+// inList binds head, then ids, to query, whose last placeholder is an
+// "IN (?)". The ids are padded to a power of two by repeating the last one
+// (harmless in an IN list), so a handful of statement texts cover every
+// batch and can be prepared once.
+func inList(query string, head []any, ids []string) (string, []any, error) {
+	size := 1
+	for size < len(ids) {
+		size *= 2
+	}
+	padded := make([]string, size)
+	copy(padded, ids)
+	for i := len(ids); i < size; i++ {
+		padded[i] = ids[len(ids)-1]
+	}
+	return sqlx.In(query, append(head, padded)...)
+}
+
+// stmtCache keeps the dispatcher's frequent statements prepared on its DB.
+// database/sql prepares a statement once per pooled connection and reuses
+// it, also inside transactions on that connection: one round trip per
+// execution instead of PREPARE, EXECUTE and CLOSE, and no parsing. A nil
+// cache, or a statement the server refuses to prepare, runs unprepared.
+type stmtCache struct {
+	db     *sqlx.DB
+	mu     sync.Mutex
+	m      map[string]*sqlx.Stmt // nil value: preparing failed, run unprepared
+	closed bool
+}
+
+func newStmtCache(db *sqlx.DB) *stmtCache {
+	return &stmtCache{db: db, m: map[string]*sqlx.Stmt{}}
+}
+
+func (c *stmtCache) get(ctx context.Context, query string) *sqlx.Stmt {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	st, ok := c.m[query]
+	if !ok {
+		// A failure (the server's prepared statement limit, say) is not
+		// retried: the statement runs unprepared from then on.
+		st, _ = c.db.PreparexContext(ctx, query)
+		if ctx.Err() == nil {
+			c.m[query] = st
+		}
+	}
+	return st
+}
+
+func (c *stmtCache) txSelect(ctx context.Context, tx *sqlx.Tx, dest any, query string, args ...any) error {
+	if st := c.get(ctx, query); st != nil {
+		return tx.StmtxContext(ctx, st).SelectContext(ctx, dest, args...)
+	}
+	return tx.SelectContext(ctx, dest, query, args...)
+}
+
+func (c *stmtCache) txExec(ctx context.Context, tx *sqlx.Tx, query string, args ...any) error {
+	var err error
+	if st := c.get(ctx, query); st != nil {
+		_, err = tx.StmtxContext(ctx, st).ExecContext(ctx, args...)
+	} else {
+		_, err = tx.ExecContext(ctx, query, args...)
+	}
+	return err
+}
+
+// exec runs query outside a transaction on db (c's DB when c is set) and
+// returns the number of rows changed.
+func (c *stmtCache) exec(ctx context.Context, db *sqlx.DB, query string, args ...any) (int64, error) {
+	st := c.get(ctx, query)
+	if st == nil {
+		return execCount(ctx, db, query, args...)
+	}
+	res, err := st.ExecContext(ctx, args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: mark: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("outbox: mark: %w", err)
+	}
+	return n, nil
+}
+
+// close closes every prepared statement; later calls run unprepared.
+func (c *stmtCache) close() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for _, st := range c.m {
+		if st != nil {
+			_ = st.Close()
+		}
+	}
+	c.m = nil
 }
 
 func execCount(ctx context.Context, db *sqlx.DB, query string, args ...any) (int64, error) {
@@ -183,6 +363,54 @@ func (q queries) markDead(ctx context.Context, db *sqlx.DB, id, token, code, msg
 
 func (q queries) release(ctx context.Context, db *sqlx.DB, id, token string) (int64, error) {
 	return execCount(ctx, db, q.sqlRelease, id, token)
+}
+
+// maxInList bounds the ids of one batched statement.
+const maxInList = 500
+
+// markSentMany marks SENT the rows of ids that token still owns (at most
+// maxInList ids) in one statement, and returns the ids it marked. Only when
+// fewer rows changed than ids were given does it read back which ones.
+func (q queries) markSentMany(ctx context.Context, db *sqlx.DB, token string, ids []string) (map[string]bool, error) {
+	query, args, err := inList(q.sqlSentMany, []any{token}, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: mark: %w", err)
+	}
+	n, err := q.stmts.exec(ctx, db, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	landed := make(map[string]bool, len(ids))
+	if n >= int64(len(ids)) {
+		for _, id := range ids {
+			landed[id] = true
+		}
+		return landed, nil
+	}
+	// Some rows have a new owner, or an earlier attempt of this very update
+	// committed without its reply reaching us: read which rows are ours.
+	query, args, err = sqlx.In(q.sqlSentLanded, token, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: mark: %w", err)
+	}
+	var got []string
+	if err := db.SelectContext(ctx, &got, query, args...); err != nil {
+		return nil, fmt.Errorf("outbox: mark: read back: %w", err)
+	}
+	for _, id := range got {
+		landed[id] = true
+	}
+	return landed, nil
+}
+
+// releaseMany hands back the rows of ids that token still owns (at most
+// maxInList ids) and returns how many it changed.
+func (q queries) releaseMany(ctx context.Context, db *sqlx.DB, token string, ids []string) (int64, error) {
+	query, args, err := sqlx.In(q.sqlReleaseMany, token, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: release: %w", err)
+	}
+	return execCount(ctx, db, query, args...)
 }
 
 // Backlog is the unsent work for one destination.

@@ -121,7 +121,7 @@ func runOutbox(ctx context.Context, e *Env) *Workload {
 	}
 	w.Notes = append(w.Notes,
 		"rows are preloaded PENDING into a fresh table per round (not timed); a dispatcher round runs from Start to the last SENT outcome; the raw round from the first SendSync to the last",
-		"each dispatcher's claim takes at most as many rows as it has free send slots (outbox Config.Concurrency), so BatchSize 64 never applies at this concurrency")
+		"the dispatcher claims ahead: while its senders are busy a claim waits for BatchSize/2 free buffer places, and SENT is written once per claim (see the claims/rows-per-claim figures)")
 	return w
 }
 

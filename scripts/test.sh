@@ -21,26 +21,39 @@ if [[ $netns == auto ]]; then
   fi
 fi
 
-# The race detector instruments every package of ours. rocketmq-client-go
-# (and the JSON library it encodes headers with) is left uninstrumented: it
-# has known, unfixed races of its own (apache/rocketmq-client-go#790, #1115:
-# rmqClient.Shutdown writes c.close while pull and rebalance goroutines read
-# it), which would fail unrelated tests at random. Synchronisation inside it
-# (channels, mutexes, atomics) is still seen by the detector.
-RACE_FLAGS=(-race
-  "-gcflags=github.com/apache/rocketmq-client-go/v2/...=-race=false"
-  "-gcflags=github.com/json-iterator/go=-race=false"
-  "-gcflags=github.com/modern-go/...=-race=false")
+# rocketmq-client-go has known data races of its own
+# (apache/rocketmq-client-go#790, #1115: rmqClient.Shutdown writes c.close
+# while pull and rebalance goroutines read it). Everything, the client
+# included, runs under the race detector. A package that failed only on
+# races whose both accesses are inside the client (scripts/known_races.py
+# decides, from the reports) is run once more and that result counts; any
+# other failure, or any race touching rmqtx's code, fails the run at once.
+run_tests() {
+  local log=$1; shift
+  # shellcheck disable=SC2086
+  go test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} "$@" 2>&1 | tee "$log"
+  return "${PIPESTATUS[0]}"
+}
 
 inner() {
   bash scripts/services.sh up
   eval "$(bash scripts/services.sh env)"
-  echo "== go test -race -tags failpoints ./... (rocketmq-client-go uninstrumented, see above)"
+  echo "== go test -race -tags failpoints ./..."
   local rc=0
   local summary=${TMPDIR:-/tmp}/rmqtx-faultsuite-summary.txt
+  local log=${RMQTX_RUN_DIR:-.run}/go-test.log
+  mkdir -p "$(dirname "$log")"
   rm -f "$summary"
-  # shellcheck disable=SC2086
-  go test "${RACE_FLAGS[@]}" -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... || rc=$?
+  run_tests "$log" ./... || rc=$?
+  if [[ $rc != 0 ]]; then
+    local again
+    if again=$(python3 scripts/known_races.py "$log"); then
+      echo "== only rocketmq-client-go's own races failed: $(echo $again); running those packages once more"
+      rc=0
+      # shellcheck disable=SC2086
+      run_tests "$log.rerun" $again || rc=$?
+    fi
+  fi
   # go test hides a passing package's output; the fault suite's figures
   # (lost, ghosts, double effects) belong in every run's log.
   if [[ -f $summary ]]; then

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"runtime"
@@ -19,86 +18,55 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/localenv"
 )
 
-// Services are the connection settings, read from the same environment
-// variables as internal/testenv and scripts/services.sh env.
+// Services are the local services' connection settings (package localenv:
+// the same environment variables as the tests and scripts/services.sh env),
+// plus extra DSN parameters for every side.
 type Services struct {
-	MySQLAddr     string
-	MySQLUser     string
-	MySQLPassword string
-	NameServer    string
-	Broker        string
+	localenv.Settings
 	// DSNParams are extra DSN parameters ("k=v&k2=v2").
 	DSNParams string
 }
 
+// LoadServices reads the settings from the environment.
+func LoadServices() Services { return Services{Settings: localenv.Load()} }
+
+// DSN returns a go-sql-driver DSN for database name (may be empty), with
+// DSNParams applied.
+func (s Services) DSN(dbName string) string {
+	dsn := s.Settings.DSN(dbName)
+	if s.DSNParams == "" {
+		return dsn
+	}
+	c, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return dsn
+	}
+	if q, err := url.ParseQuery(s.DSNParams); err == nil {
+		for k := range q {
+			switch k {
+			case "interpolateParams":
+				c.InterpolateParams = q.Get(k) == "true"
+			default:
+				c.Params[k] = q.Get(k)
+			}
+		}
+	}
+	return c.FormatDSN()
+}
+
+// Resolver is the explicit, loopback-only name server resolver.
+func (s Services) Resolver() primitive.NsResolver { return s.NameServerResolver() }
+
+// getenv returns the environment variable k, or def when it is unset.
 func getenv(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
 	}
 	return def
-}
-
-// LoadServices reads RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER,
-// RMQTX_MYSQL_PASSWORD, RMQTX_NAMESRV and RMQTX_BROKER.
-func LoadServices() Services {
-	return Services{
-		MySQLAddr:     getenv("RMQTX_MYSQL_ADDR", "127.0.0.1:3307"),
-		MySQLUser:     getenv("RMQTX_MYSQL_USER", "rmqtx"),
-		MySQLPassword: getenv("RMQTX_MYSQL_PASSWORD", "rmqtx"),
-		NameServer:    getenv("RMQTX_NAMESRV", "127.0.0.1:9876"),
-		Broker:        getenv("RMQTX_BROKER", "127.0.0.1:10911"),
-	}
-}
-
-// CheckLoopback refuses any non-loopback address: the benchmark only talks
-// to the local test bed.
-func (s Services) CheckLoopback() error {
-	for _, addr := range []string{s.MySQLAddr, s.NameServer, s.Broker} {
-		host, _, err := net.SplitHostPort(addr)
-		if err != nil {
-			return fmt.Errorf("bad address %q: %w", addr, err)
-		}
-		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-			return fmt.Errorf("%s is not a loopback address; rmqtx-bench only talks to 127.0.0.1", addr)
-		}
-	}
-	return nil
-}
-
-// DSN returns a go-sql-driver DSN for database name (may be empty).
-func (s Services) DSN(dbName string) string {
-	c := mysql.NewConfig()
-	c.User = s.MySQLUser
-	c.Passwd = s.MySQLPassword
-	c.Net = "tcp"
-	c.Addr = s.MySQLAddr
-	c.DBName = dbName
-	c.ParseTime = true
-	c.Loc = time.UTC
-	c.Params = map[string]string{"time_zone": "'+00:00'"}
-	if s.DSNParams != "" {
-		if q, err := url.ParseQuery(s.DSNParams); err == nil {
-			for k := range q {
-				switch k {
-				case "interpolateParams":
-					c.InterpolateParams = q.Get(k) == "true"
-				default:
-					c.Params[k] = q.Get(k)
-				}
-			}
-		}
-	}
-	c.Timeout = 5 * time.Second
-	c.ReadTimeout = 60 * time.Second
-	c.WriteTimeout = 60 * time.Second
-	return c.FormatDSN()
-}
-
-// Resolver is the explicit, loopback-only name server resolver.
-func (s Services) Resolver() primitive.NsResolver {
-	return primitive.NewPassthroughResolver([]string{s.NameServer})
 }
 
 func randHex(n int) string {

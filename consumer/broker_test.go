@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
@@ -76,20 +77,10 @@ func startConsumer(t *testing.T, db *sqlx.DB, topic, group string, routes map[st
 	if mut != nil {
 		mut(&cfg)
 	}
-	createRetryTopic(t, group)
 	c, err := New(cfg)
 	require.NoError(t, err)
 	startBuilt(t, c)
 	return c
-}
-
-// createRetryTopic creates the group's retry topic before the consumer
-// starts. A brand-new group's client otherwise learns the retry topic's route
-// only on its next periodic route refresh (30s), which would make the first
-// retry of a test wait that long.
-func createRetryTopic(t *testing.T, group string) {
-	t.Helper()
-	testenv.CreateTopic(t, "%RETRY%"+group, 1)
 }
 
 func startBuilt(t *testing.T, c *Consumer) {
@@ -411,7 +402,6 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 				pb.send(topic, ev(id, "Created"), []byte(fmt.Sprintf("p%d", i)))
 			}
 			cr := &countingResender{}
-			createRetryTopic(t, group)
 			c, err := New(Config{
 				ProcessorConfig: ProcessorConfig{Group: group, DB: db, Routes: routes, DelayLevel: func(Class, int) int { return 1 }},
 				NameServer:      []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
@@ -518,4 +508,23 @@ func TestPoisonMessage(t *testing.T) {
 	require.Equal(t, `{"N": "not a number`, string(p.Payload))
 	require.Equal(t, poison, p.Properties[envelope.PropEventID])
 	t.Logf("COUNTS e (poison): effects=%d applied=%d parked=%d retries=%d", effects(t, db), s.Applied, s.Parked, s.Retries)
+}
+
+// A new group's retry topic exists and is routed as soon as Start returns, so
+// its first retries need not wait for the client's periodic route refresh.
+func TestStartCreatesRetryTopic(t *testing.T) {
+	t.Parallel()
+	s := testenv.Integration(t)
+	db := testenv.DB(t)
+	require.NoError(t, Migrate(context.Background(), db, ""))
+	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "cg")
+	testenv.CreateTopic(t, topic, 2)
+	retry := "%RETRY%" + group
+	_, err := remoting.MasterBrokers(context.Background(), []string{s.NameServer}, 0, retry)
+	require.ErrorIs(t, err, remoting.ErrTopicNotFound, "a new group has no retry topic yet")
+
+	startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: func(context.Context, *sqlx.Tx, Event) error { return nil }}}, nil)
+	brokers, err := remoting.MasterBrokers(context.Background(), []string{s.NameServer}, 0, retry)
+	require.NoError(t, err)
+	require.Equal(t, []string{s.Broker}, brokers)
 }

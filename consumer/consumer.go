@@ -8,12 +8,14 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
 	rmq "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 )
 
@@ -169,6 +171,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, c.onMessages); err != nil {
 		return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
 	}
+	c.ensureRetryTopic(ctx)
 	if c.cfg.BatchSize > 1 {
 		group := c.cfg.Group
 		if len(group) > 200 {
@@ -363,4 +366,30 @@ func (r *producerResender) Resend(ctx context.Context, m *primitive.MessageExt, 
 		return fmt.Errorf("consumer: resend to %s: status %d", r.retryTopic, res.Status)
 	}
 	return nil
+}
+
+// ensureRetryTopic creates the group's retry topic (%RETRY%<group>, one
+// queue) on the brokers of the subscribed topic before the client starts, as
+// the broker itself does on a group's first retry. The client learns the
+// route of a topic created later only on its periodic refresh (30 s), so a
+// new group's first retries would otherwise wait that long. Best effort: a
+// failure is logged and the broker's own creation remains the fallback.
+func (c *Consumer) ensureRetryTopic(ctx context.Context) {
+	retry := "%RETRY%" + c.cfg.Group
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := remoting.MasterBrokers(ctx, c.cfg.NameServer, 0, retry); err == nil {
+		return
+	}
+	log := c.cfg.Logger.WithField("retry_topic", retry)
+	brokers, err := remoting.MasterBrokers(ctx, c.cfg.NameServer, 0, c.cfg.Topic)
+	if err != nil {
+		log.WithError(err).Debug("consumer: retry topic not created: no route for the subscribed topic yet")
+		return
+	}
+	for _, addr := range brokers {
+		if err := remoting.CreateTopic(ctx, addr, 0, retry, 1); err != nil {
+			log.WithError(err).Warn("consumer: could not create the retry topic; the first retries may wait for a route refresh")
+		}
+	}
 }

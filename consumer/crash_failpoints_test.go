@@ -58,7 +58,6 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	db := setupDB(t)
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 2)
-	createRetryTopic(t, group)
 	id := envelope.NewEventID()
 	newPublisher(t).send(topic, ev(id, "Created"), []byte(`{"n":1}`))
 

@@ -105,7 +105,6 @@ func newBed(t *testing.T, name string) *bed {
 		published: map[string]bool{}, direct: map[string]bool{},
 	}
 	testenv.CreateTopic(t, b.topic, queues)
-	testenv.CreateTopic(t, "%RETRY%"+b.cgroup, 1)
 	b.coll = testenv.Collect(t, b.topic)
 	t.Cleanup(func() {
 		b.sc.Duration = time.Since(b.start)

@@ -314,14 +314,8 @@ func (a *app) start(ctx context.Context) error {
 	}
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	// The consumers' retry topics are created too: a brand-new group's
-	// %RETRY% topic otherwise appears only with its first retry, and the
-	// client learns its route up to 30 s later, delaying every first retry.
-	topics := []string{n.PaymentTopic, n.OrderTopic}
-	for _, g := range n.Groups() {
-		topics = append(topics, "%RETRY%"+g)
-	}
-	if err := CreateTopics(tctx, cfg.NameServer, cfg.Broker, topics...); err != nil {
+	// The consumers create their groups' retry topics when they start.
+	if err := CreateTopics(tctx, cfg.NameServer, cfg.Broker, n.PaymentTopic, n.OrderTopic); err != nil {
 		return err
 	}
 	payT, _ := outbox.NewTable(payOutboxPrefix)

@@ -3,11 +3,12 @@
 own data races (apache/rocketmq-client-go#790, #1115: rmqClient.Shutdown
 writes c.close while pull and rebalance goroutines read it).
 
-Reads a `go test` log (package-list mode). Prints the import paths of failed
-packages, one a line, and exits 0 when every failed package qualifies: it has
-at least one race report, and in every report both conflicting accesses have
-their top frame inside rocketmq-client-go. Exits 1 otherwise (a real failure,
-or a race in rmqtx's own code), 2 on usage errors.
+Reads a `go test` log (package-list mode). For each failed package it prints
+one line, "<import path> <-run pattern of its failed top-level tests>", and
+exits 0 when every failed package qualifies: it has at least one race report,
+and in every report both conflicting accesses have their top frame inside
+rocketmq-client-go. Exits 1 otherwise (a real failure, or a race in rmqtx's
+own code), 2 on usage errors.
 """
 import re
 import sys
@@ -40,6 +41,7 @@ def main():
     with open(sys.argv[1], errors="replace") as f:
         lines = f.read().splitlines()
     block, failed, ok = [], [], True
+    failtest = re.compile(r"^--- FAIL: (\S+) ")
     for line in lines:
         m = END.match(line)
         if not m:
@@ -47,15 +49,18 @@ def main():
             continue
         if m.group(1) == "FAIL" and "/" in m.group(2):
             pkg = m.group(2)
-            failed.append(pkg)
+            tests = sorted({t.group(1) for t in map(failtest.match, block) if t})
+            if not tests:
+                ok = False
+            failed.append(pkg + " ^(" + "|".join(re.escape(t) for t in tests) + ")$")
             races = list(reports(block))
             broken = any(l.startswith("panic:") or "[build failed]" in l or "[setup failed]" in l for l in block)
             client_only = races and all(len(t) >= 2 and all(CLIENT in f for f in t) for t in races)
             if broken or not client_only:
                 ok = False
         block = []
-    for pkg in failed:
-        print(pkg)
+    for line in failed:
+        print(line)
     return 0 if failed and ok else 1
 
 

@@ -12,7 +12,6 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -30,18 +29,7 @@ type publisher struct {
 
 func newPublisher(t *testing.T) *publisher {
 	t.Helper()
-	s := testenv.Integration(t)
-	name := testenv.Name(t, "pub")
-	p, err := rocketmq.NewProducer(
-		producer.WithNsResolver(s.NameServerResolver()),
-		producer.WithGroupName(name),
-		producer.WithInstanceName(name),
-		producer.WithRetry(2),
-	)
-	require.NoError(t, err)
-	require.NoError(t, p.Start())
-	t.Cleanup(func() { _ = p.Shutdown() })
-	return &publisher{t: t, p: p}
+	return &publisher{t: t, p: testenv.Producer(t)}
 }
 
 func (pb *publisher) send(topic string, env envelope.Envelope, payload []byte) {

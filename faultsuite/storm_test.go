@@ -9,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/consumer"
@@ -40,13 +38,7 @@ func TestDuplicateStorm(t *testing.T) {
 	}
 
 	// 1. Through the broker.
-	s := b.s
-	group := testenv.Name(t, "raw")
-	p, err := rocketmq.NewProducer(producer.WithNsResolver(s.NameServerResolver()), producer.WithGroupName(group),
-		producer.WithInstanceName(group), producer.WithRetry(2))
-	require.NoError(t, err)
-	require.NoError(t, p.Start())
-	t.Cleanup(func() { _ = p.Shutdown() })
+	p := testenv.Producer(t)
 
 	n := cfg.storm
 	ids := make([]string, n)
@@ -93,7 +85,8 @@ func TestDuplicateStorm(t *testing.T) {
 	// 2. Racing processors, no broker: the same message at the same instant.
 	procs := make([]*consumer.Processor, stormRacers)
 	for i := range procs {
-		procs[i], err = consumer.NewProcessor(consumerConfig(b.db, s.NameServer, b.topic, b.cgroup, fmt.Sprintf("racer-%d", i)).ProcessorConfig)
+		var err error
+		procs[i], err = consumer.NewProcessor(consumerConfig(b.db, b.s.NameServer, b.topic, b.cgroup, fmt.Sprintf("racer-%d", i)).ProcessorConfig)
 		require.NoError(t, err)
 	}
 	b.mu.Lock()

@@ -19,28 +19,12 @@ import (
 // These smoke tests prove the test bed with the raw client only: a real
 // broker that delivers, commits, rolls back and checks back quickly.
 
-func newProducer(t *testing.T, s testenv.Settings) rocketmq.Producer {
-	t.Helper()
-	group := testenv.Name(t, "pg")
-	p, err := rocketmq.NewProducer(
-		producer.WithNsResolver(s.NameServerResolver()),
-		producer.WithGroupName(group),
-		producer.WithInstanceName(group),
-		producer.WithRetry(2),
-	)
-	require.NoError(t, err)
-	require.NoError(t, p.Start())
-	t.Cleanup(func() { _ = p.Shutdown() })
-	return p
-}
-
 func TestSmokeNormalMessage(t *testing.T) {
 	t.Parallel()
-	s := testenv.Integration(t)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 2)
 	c := testenv.Collect(t, topic)
-	p := newProducer(t, s)
+	p := testenv.Producer(t)
 
 	id := envelope.NewEventID()
 	msg := primitive.NewMessage(topic, []byte("hello"))

@@ -41,3 +41,5 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.0.0 // indirect
 	stathat.com/c/consistent v1.0.0 // indirect
 )
+
+replace github.com/apache/rocketmq-client-go/v2 => ./third_party/rocketmq-client-go

@@ -502,7 +502,7 @@ func TestPoisonMessage(t *testing.T) {
 // (Start calls ensureRetryTopic first), so its first retries need not wait
 // for the client's periodic route refresh. The client itself is not started
 // here: starting and at once stopping a push consumer trips the client's own
-// shutdown race (see scripts/known_races.py).
+// shutdown race (fixed in third_party/rocketmq-client-go; see PATCHES.md).
 func TestStartCreatesRetryTopic(t *testing.T) {
 	t.Parallel()
 	s := testenv.Integration(t)

@@ -36,6 +36,14 @@ type summary struct {
 	scenarios  []*scenario
 	servicesUp time.Duration
 	runDir     string
+	restarts   []string // restarts that did not come back: a failure of their own kind
+}
+
+// restartFailed records a service that was not usable again in time.
+func (r *summary) restartFailed(service string, after time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restarts = append(r.restarts, fmt.Sprintf("%s not usable again after %s", service, after.Round(time.Second)))
 }
 
 var report = &summary{}
@@ -49,7 +57,7 @@ func (r *summary) add(s *scenario) {
 func (r *summary) String() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.scenarios) == 0 {
+	if len(r.scenarios) == 0 && len(r.restarts) == 0 {
 		return ""
 	}
 	sc := append([]*scenario(nil), r.scenarios...)
@@ -83,10 +91,13 @@ func (r *summary) String() string {
 			fmt.Fprintf(&b, "  %s: %s\n", s.Name, n)
 		}
 	}
+	for _, f := range r.restarts {
+		fmt.Fprintf(&b, "  RESTART FAILED: %s\n", f)
+	}
 	verdict := "PASS"
-	if t.Lost != 0 || t.Ghosts != 0 || t.Double != 0 {
+	if t.Lost != 0 || t.Ghosts != 0 || t.Double != 0 || len(r.restarts) != 0 {
 		verdict = "FAIL"
 	}
-	fmt.Fprintf(&b, "==== lost=%d ghosts=%d double_effects=%d: %s ====\n", t.Lost, t.Ghosts, t.Double, verdict)
+	fmt.Fprintf(&b, "==== lost=%d ghosts=%d double_effects=%d restarts_failed=%d: %s ====\n", t.Lost, t.Ghosts, t.Double, len(r.restarts), verdict)
 	return b.String()
 }

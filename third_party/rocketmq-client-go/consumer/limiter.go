@@ -1,0 +1,3 @@
+package consumer
+
+type Limiter func(topic string)

@@ -102,11 +102,17 @@ type Query struct {
 	Properties  map[string]string
 }
 
-// QueryFromMessage builds a Query from a check request's message.
+// QueryFromMessage builds a Query from a check request's message. Topic is
+// REAL_TOPIC as the broker set it on the half message; it is left empty for
+// a message that came back through a consumer retry (Redelivered), because
+// the broker then rewrites REAL_TOPIC to the retry topic.
 func QueryFromMessage(m *primitive.MessageExt) Query {
 	topic := m.Topic
 	if rt := m.GetProperty(primitive.PropertyRealTopic); rt != "" {
 		topic = rt
+	}
+	if Redelivered(m) {
+		topic = ""
 	}
 	var born time.Time
 	if m.BornTimestamp > 0 {

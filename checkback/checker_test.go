@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,8 @@ type fakeLog struct {
 	getErr    error
 	block     bool // Get waits for ctx
 	recovered map[string]txlog.RecoveryDecision
+	failGets  atomic.Int64 // fail this many Gets first
+	failMarks atomic.Int64 // fail this many MarkRecovered first
 }
 
 func newFakeLog() *fakeLog {
@@ -34,6 +37,9 @@ func (f *fakeLog) Get(ctx context.Context, id string) (txlog.Row, error) {
 	if f.block {
 		<-ctx.Done()
 		return txlog.Row{}, ctx.Err()
+	}
+	if f.failGets.Add(-1) >= 0 {
+		return txlog.Row{}, errors.New("connection refused")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -66,6 +72,9 @@ func (f *fakeLog) Fence(ctx context.Context, r txlog.Row) (txlog.Row, bool, erro
 }
 
 func (f *fakeLog) MarkRecovered(_ context.Context, id string, d txlog.RecoveryDecision, _ string) error {
+	if f.failMarks.Add(-1) >= 0 {
+		return errors.New("connection refused")
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, ok := f.rows[id]

@@ -23,11 +23,47 @@
 // query has a timeout and a panic in a resolver is recovered and answered
 // UNKNOWN: one slow or broken check never stops the others.
 //
+// Every read of the txlog (Store.Get) is a read-only READ COMMITTED
+// transaction, whatever the server's or the session's default isolation:
+// under READ UNCOMMITTED a plain SELECT would see the row of a local
+// transaction that may still roll back, and a check would answer COMMIT for
+// a ghost. It stays a non-locking point lookup.
+//
+// # Discard recovery
+//
 // Recovery watches TRANS_CHECK_MAX_TIME_TOPIC, where the broker moves a half
-// message after transactionCheckMax checks: a COMMITTED transaction is
-// published again as a normal message with the same event id, a ROLLED_BACK
-// one is dropped, and a missing one is fenced and dropped. Every decision is
-// recorded on the txlog row and logged.
+// message after transactionCheckMax checks, and decides from the txlog row
+// only; the discarded message just names the event id:
+//
+//   - COMMITTED: published again as a normal message with the same event
+//     id, built from the row (topic, tags, keys, stored properties,
+//     payload). Nothing routing-related is taken from the message: once it
+//     has been through a consumer retry the broker rewrites its REAL_TOPIC
+//     to the recovery group's retry topic. A COMMITTED row without a stored
+//     payload (DisablePayloadStorage, a resolver's decision) cannot be
+//     republished: it is decided NO_PAYLOAD, logged at Error and counted,
+//     and an operator must publish the event;
+//   - ROLLED_BACK: dropped;
+//   - missing: fenced (a ROLLED_BACK row; its topic is recorded only when
+//     the message has not been through a retry) and dropped.
+//
+// Every decision is recorded on the txlog row and logged. A message that
+// cannot be decided yet (database or broker unreachable) is retried in
+// process, with a jittered backoff doubling from RetryBackoff up to
+// RetryMaxBackoff, for as long as it takes: a committed event is never
+// given up. Only Shutdown stops the retries; the message then goes back to
+// the broker (or stays unacknowledged) for the group's next instance. The
+// client's own limits are raised so that they never interfere: max
+// reconsume times to the protocol's maximum (the default 16 sent a
+// committed event to %DLQ% during a long outage) and the consume timeout to
+// 24 h. The gauge rmqtx_checkback_discard_undecided counts the messages
+// held meanwhile. Recovery creates its group's retry topic on start, so a
+// message handed back is redelivered within seconds, not after the
+// client's 30 s route refresh.
+//
+// Recovery may publish an event twice: it can crash between the republish
+// and recording it (failpoint recovery.after-republish), and the next pass
+// publishes again. Consumers deduplicate by event id (package consumer).
 //
 // # Fence age and the broker's settings
 //

@@ -189,7 +189,8 @@ func TestConflict(t *testing.T) {
 	db := setupDB(t)
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 2)
-	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}}, nil)
+	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}},
+		func(c *Config) { c.Redact = KeepPayload }) // the dead letter keeps the payload to show
 	pb := newPublisher(t)
 	id := envelope.NewEventID()
 	a, b := []byte(`{"amount":100}`), []byte(`{"amount":999}`)
@@ -467,7 +468,7 @@ func TestPoisonMessage(t *testing.T) {
 		good = append(good, id)
 		pb.send(topic, ev(id, "Created"), []byte(fmt.Sprintf(`{"N":%d}`, i)))
 	}
-	c := startConsumer(t, db, topic, group, routes, func(c *Config) { c.BatchSize = 8 })
+	c := startConsumer(t, db, topic, group, routes, func(c *Config) { c.BatchSize = 8; c.Redact = KeepPayload })
 	testenv.Eventually(t, 60*time.Second, "good ones applied and poison parked", func() bool {
 		s := c.Processor().Stats()
 		return s.Applied == int64(len(good)) && s.Parked == 2

@@ -172,6 +172,10 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
 	}
 	c.ensureRetryTopic(ctx)
+	if err := c.proc.loadFailed(ctx); err != nil {
+		c.cfg.Logger.WithError(err).WithField("consumer_group", c.cfg.Group).
+			Warn("consumer: cannot read earlier failed attempts; their rows are cleared by their retries")
+	}
 	if c.cfg.BatchSize > 1 {
 		group := c.cfg.Group
 		if len(group) > 200 {

@@ -35,8 +35,8 @@ type DeadLetter struct {
 	BusinessKey     string
 	ErrorClass      Class
 	ErrorText       string // after RedactText
-	Payload         []byte // after Redact
-	PayloadRedacted bool   // Payload went through a Redact hook: it may differ from RequestHash
+	Payload         []byte // after ProcessorConfig.Redact: nil by default, as delivered with KeepPayload
+	PayloadRedacted bool   // Redact changed or dropped the payload: Payload is not what was delivered
 	RequestHash     string // hash of the delivered payload
 	ExistingHash    string // conflicts: hash of the payload applied earlier
 	Properties      map[string]string

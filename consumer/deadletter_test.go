@@ -2,11 +2,14 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
 )
 
 // The one dead-letter filter renders every field as a bound condition, in a
@@ -180,4 +183,45 @@ func TestDeadLetterReplayInTx(t *testing.T) {
 	d, err = s.Get(ctx, parked)
 	require.NoError(t, err)
 	require.Equal(t, 2, d.ReplayCount)
+}
+
+// A dead letter stores no payload unless the configuration opts out (I10):
+// by default only its hash and envelope are kept, and it says so; with
+// KeepPayload it stores the payload as delivered and is replayable; a hook
+// that returns the payload unchanged is not counted as a redaction.
+func TestDeadLetterPayloadRedactedByDefault(t *testing.T) {
+	t.Parallel()
+	db := setupDB(t)
+	ctx := context.Background()
+	reject := Route{Handler: func(context.Context, *sqlx.Tx, Event) error { return Permanent(errors.New("rejected")) }}
+	payload := `{"pan":"4111-1111-1111-1111"}`
+	for _, c := range []struct {
+		name     string
+		redact   func([]byte) []byte
+		stored   []byte
+		redacted bool
+	}{
+		{"default", nil, nil, true},
+		{"KeepPayload", KeepPayload, []byte(payload), false},
+		{"unchanged by a hook", func(p []byte) []byte { return p }, []byte(payload), false},
+		{"masked by a hook", func([]byte) []byte { return []byte(`{"pan":"****"}`) }, []byte(`{"pan":"****"}`), true},
+	} {
+		p := newProc(t, db, func(cfg *ProcessorConfig) {
+			cfg.Redact = c.redact
+			cfg.Routes["Rejected"] = reject
+		})
+		id := envelope.NewEventID()
+		o := p.Process(ctx, msg(ev(id, "Rejected"), payload))
+		require.Equal(t, ResultParked, o.Result, c.name)
+		dl, err := p.DeadLetters().Get(ctx, o.DeadLetterID)
+		require.NoError(t, err, c.name)
+		require.Equal(t, c.stored, dl.Payload, c.name)
+		require.Equal(t, c.redacted, dl.PayloadRedacted, c.name)
+		require.Equal(t, !c.redacted, dl.Replayable(), c.name)
+		require.Equal(t, envelope.Hash([]byte(payload)), dl.RequestHash, "%s: the hash identifies the payload", c.name)
+		require.Equal(t, id, dl.Properties[envelope.PropEventID], c.name)
+		var raw []byte
+		require.NoError(t, db.Get(&raw, "SELECT payload FROM rmqtx_dead_letter WHERE id = ?", o.DeadLetterID))
+		require.Equal(t, c.stored, raw, "%s: what the table holds", c.name)
+	}
 }

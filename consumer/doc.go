@@ -21,13 +21,21 @@
 // A handler error rolls everything back (no dedup row is left behind) and is
 // classified: Transient and unknown errors are retried with RocketMQ delay
 // levels up to MaxRetries, Wait errors up to MaxWaits, Permanent and BadData
-// errors are parked at once. Failed attempts are counted in their own short
-// transaction (the consume_attempt table), so the bound holds across
-// instances and restarts. Parked messages go to the dead-letter table with
-// topic, queue, offset, msg id, event id, business key, class, error text,
-// the payload after the Redact hook and the envelope properties, so a replay
-// can re-publish them with their original event id. DeadLetterStore lists and
-// resolves them.
+// errors are parked at once. ClassOf also reads the outbox package's
+// classified errors (and any error with a RetryClass() string method), so a
+// handler returning outbox.Permanent(err) is parked, not retried; outbox
+// reads this package's classes the same way. Failed attempts are counted in
+// their own short transaction (the consume_attempt table), so the bound
+// holds across instances and restarts. A success, a stale skip or a dedup
+// hit deletes the event's attempt row (the success in its own transaction)
+// whenever one may exist: on a retry (ReconsumeTimes > 0), or for an id this
+// process saw failing or found in the table at Consumer.Start; a first
+// delivery of any other id issues no extra statement. Parked messages go to
+// the dead-letter table with topic, queue, offset, msg id, event id, business
+// key, class, error text, payload hash and the envelope properties. The
+// payload itself is not stored unless ProcessorConfig.Redact opts out
+// (KeepPayload, which a replay with the original event id needs, or a
+// masking hook). DeadLetterStore lists and resolves them.
 //
 // Duplicates are cheap. Each Processor keeps a bounded cache
 // (DedupCacheSize, default 10000) of the (event id, hash) pairs it saw
@@ -39,8 +47,13 @@
 // duplicates (48 of the last 64), it first reads the committed dedup row
 // outside a transaction (one point read instead of BEGIN, INSERT, ROLLBACK);
 // a miss, another hash or an error takes the transaction as usual, so first
-// deliveries pay for the read only during such a replay. The statements work
-// with the go-sql-driver flags interpolateParams and clientFoundRows.
+// deliveries pay for the read only during such a replay. That read also
+// returns the session's isolation level: at READ UNCOMMITTED it could see
+// another transaction's uncommitted row, so there it is not trusted and is
+// turned off. Every other duplicate decision is a locking statement inside
+// the dedup transaction and sees committed rows at any isolation level. The
+// statements work with the go-sql-driver flags interpolateParams and
+// clientFoundRows.
 //
 // Two deliveries of one event at the same moment (two instances, or a
 // redelivery racing the first attempt) serialize on the dedup row's key:

@@ -75,6 +75,30 @@ func (e *Error) Error() string {
 // Unwrap returns the underlying error.
 func (e *Error) Unwrap() error { return e.Err }
 
+// RetryClass returns the class name ("transient", "wait", "permanent",
+// "data", "conflict", "unknown"). It is the one method of the class
+// vocabulary that the consumer and outbox packages share without importing
+// each other: each package's ClassOf recognises any error in the chain that
+// has it, so a handler may return outbox.Permanent(err) (or an error type of
+// its own with this method) and be parked, not retried.
+func (e *Error) RetryClass() string { return string(e.Class) }
+
+// retryClasser is an error classified by this package, by the outbox
+// package (*outbox.SendError) or by the caller's own type.
+type retryClasser interface{ RetryClass() string }
+
+// classFromName maps a RetryClass name onto a Class. The outbox package's
+// names are a subset of this package's ("transient", "unknown",
+// "permanent"), so they map one to one; ok is false for a name outside the
+// vocabulary.
+func classFromName(name string) (c Class, ok bool) {
+	switch c := Class(name); c {
+	case ClassTransient, ClassWait, ClassPermanent, ClassData, ClassConflict, ClassUnknown:
+		return c, true
+	}
+	return "", false
+}
+
 func classify(c Class, err error) error {
 	if err == nil {
 		err = errors.New(string(c))
@@ -96,15 +120,20 @@ func Permanent(err error) error { return classify(ClassPermanent, err) }
 // decoded or validated): parked at once.
 func BadData(err error) error { return classify(ClassData, err) }
 
-// ClassOf returns the class of err: the outermost *Error in its chain, the
-// class of the package's sentinels, or ClassUnknown. It returns "" for nil.
+// ClassOf returns the class of err: that of the outermost classified error
+// in its chain (an *Error, an *outbox.SendError, or any error with a
+// RetryClass() string method), else the class of the package's sentinels,
+// else ClassUnknown. A RetryClass name outside the vocabulary counts as
+// unclassified. It returns "" for nil.
 func ClassOf(err error) Class {
 	if err == nil {
 		return ""
 	}
-	var ce *Error
-	if errors.As(err, &ce) {
-		return ce.Class
+	var rc retryClasser
+	if errors.As(err, &rc) {
+		if c, ok := classFromName(rc.RetryClass()); ok {
+			return c
+		}
 	}
 	switch {
 	case errors.Is(err, ErrConflict):

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
@@ -84,7 +86,9 @@ type ProcessorConfig struct {
 	// Group is the consumer group: the dedup scope. Required.
 	Group string
 	// DB holds the consume log and the business tables (one local
-	// transaction covers both). Required. READ COMMITTED or REPEATABLE READ.
+	// transaction covers both). Required. The dedup decisions see committed
+	// rows only at any session isolation level; the handler's own reads
+	// follow the session's level (READ COMMITTED or REPEATABLE READ advised).
 	DB *sqlx.DB
 	// TablePrefix of the consumer tables. Default DefaultTablePrefix
 	// ("rmqtx_"); validated with sqlname.
@@ -124,11 +128,14 @@ type ProcessorConfig struct {
 	// and the oldest is evicted first. About 200 bytes per entry. Default
 	// DefaultDedupCacheSize (10000); negative disables the cache.
 	DedupCacheSize int
-	// Redact is applied to a payload before it is stored in a dead letter
-	// (I10). Default: stored as is, which keeps the dead letter replayable.
-	// A redacting hook makes the stored payload differ from request_hash;
-	// the dead letter records payload_redacted = true. Payloads are never
-	// logged.
+	// Redact turns a payload into what a dead letter stores (I10). Default
+	// RedactPayload: nothing is stored, so a dead letter holds no business
+	// data (an operator finds the payload where it was produced, e.g. the
+	// txlog or outbox row of the same event id). Opt out with KeepPayload to
+	// store it as delivered, which a replay needs; or give a hook that masks
+	// the sensitive fields. When the stored bytes differ from the delivered
+	// ones the dead letter records payload_redacted = true and is not
+	// replayable (DeadLetter.Replayable). Payloads are never logged.
 	Redact func(payload []byte) []byte
 	// RedactText is applied to error texts before they are logged or stored
 	// (handler errors may quote data). Default: unchanged.
@@ -138,6 +145,15 @@ type ProcessorConfig struct {
 	// Logger receives warnings (parked messages) and debug lines. Default quiet.
 	Logger logrus.FieldLogger
 }
+
+// RedactPayload is the default ProcessorConfig.Redact: a dead letter stores
+// no payload at all (only its hash, request_hash, and the envelope).
+func RedactPayload([]byte) []byte { return nil }
+
+// KeepPayload is the ProcessorConfig.Redact that opts out of redaction: the
+// dead letter stores the payload as delivered, so a replay can re-publish it.
+// Use it only where the dead-letter table may hold the business data.
+func KeepPayload(payload []byte) []byte { return payload }
 
 // DefaultDelayLevel is the default retry schedule: Transient and Unknown
 // failures back off 1s, 5s, 10s, 30s, 1m, 2m, ... up to level 14 (10m);
@@ -181,6 +197,9 @@ func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 	}
 	if c.ProcessTimeout <= 0 {
 		c.ProcessTimeout = 30 * time.Second
+	}
+	if c.Redact == nil {
+		c.Redact = RedactPayload
 	}
 	if c.RedactText == nil {
 		c.RedactText = func(s string) string { return s }
@@ -283,13 +302,21 @@ type Processor struct {
 	q     queries
 	cache *dedupCache // nil when disabled
 	dups  dupWindow
-	stats struct {
+	// failed holds the ids this process saw fail (their attempt rows are
+	// deleted with their success or dedup hit).
+	failed *failedSet
+	// preRead is the index in isolationVars of the variable the storm
+	// pre-read names; preReadOff once it is disabled.
+	preRead atomic.Int32
+	stats   struct {
 		applied, duplicates, conflicts, stale, gaps, retries, parked, ignored atomic.Int64
 	}
 }
 
 type queries struct {
 	insertLog, selectLogHash, markStale, setResultRef                string
+	preRead                                                          [len(isolationVars)]string
+	selectAttemptIDs                                                 string
 	selectVersion, lockVersion, updateVersion                        string
 	upsertAttempt, selectAttempt, deleteAttempt, upsertDeadLetterSQL string
 }
@@ -302,7 +329,7 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		return nil, err
 	}
 	t, _ := newTables(cfg.TablePrefix)
-	p := &Processor{cfg: cfg, db: cfg.DB, t: t, cache: newDedupCache(cfg.DedupCacheSize)}
+	p := &Processor{cfg: cfg, db: cfg.DB, t: t, cache: newDedupCache(cfg.DedupCacheSize), failed: newFailedSet(failedSetSize)}
 	p.q = queries{
 		// On a duplicate key the row is locked and changed (the change is
 		// rolled back at once), so the statement reports 2 rows affected
@@ -313,7 +340,9 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 			" VALUES (?, ?, ?, ?, '" + StatusApplied + "', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
 			" ON DUPLICATE KEY UPDATE retry_count = retry_count + LAST_INSERT_ID(IF(request_hash = ?, " +
 			strconv.FormatInt(dupSameHash, 10) + ", " + strconv.FormatInt(dupOtherHash, 10) + "))",
-		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ?",
+		// Read inside the dedup transaction, which holds the row's lock: a
+		// locking read returns the committed row whatever the isolation level.
+		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ? LOCK IN SHARE MODE",
 		markStale:     "UPDATE " + t.log + " SET status = '" + StatusStale + "' WHERE consumer_group = ? AND event_id = ?",
 		setResultRef:  "UPDATE " + t.log + " SET result_ref = ? WHERE consumer_group = ? AND event_id = ?",
 		selectVersion: "SELECT last_applied_version FROM " + t.version +
@@ -327,10 +356,23 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 			" ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_class = ?, last_error = ?, updated_at = UTC_TIMESTAMP(6)",
 		selectAttempt:       "SELECT attempts FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
 		deleteAttempt:       "DELETE FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
+		selectAttemptIDs:    "SELECT event_id FROM " + t.attempt + " WHERE consumer_group = ? ORDER BY updated_at DESC LIMIT " + strconv.Itoa(failedSetSize),
 		upsertDeadLetterSQL: upsertDeadLetter(t.dead),
+	}
+	for i, v := range isolationVars {
+		p.q.preRead[i] = "SELECT request_hash AS h, @@SESSION." + v + " AS iso FROM " + t.log + " WHERE consumer_group = ? AND event_id = ?"
 	}
 	return p, nil
 }
+
+// isolationVars name the session's isolation level: MySQL 8 and MariaDB
+// 11.1+ know the first, MariaDB before 11.1 only the second.
+var isolationVars = [...]string{"transaction_isolation", "tx_isolation"}
+
+const (
+	preReadOff               = int32(len(isolationVars))
+	errUnknownSystemVariable = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE
+)
 
 // Insert ids of insertLog on a duplicate key (see NewProcessor).
 const (
@@ -361,6 +403,21 @@ func (p *Processor) Stats() Stats {
 		Stale: s.stale.Load(), Gaps: s.gaps.Load(), Retries: s.retries.Load(),
 		Parked: s.parked.Load(), Ignored: s.ignored.Load(),
 	}
+}
+
+// loadFailed adds the event ids of the group's attempt rows to the set of
+// ids seen failing, so that a process that starts (after a crash, or next to
+// an instance that recorded them) deletes such a row when a first delivery of
+// its event succeeds. Consumer.Start calls it; an error only loses the hint.
+func (p *Processor) loadFailed(ctx context.Context) error {
+	var ids []string
+	if err := p.db.SelectContext(ctx, &ids, p.q.selectAttemptIDs, p.cfg.Group); err != nil {
+		return fmt.Errorf("consumer: read attempts: %w", err)
+	}
+	for _, id := range ids {
+		p.failed.add(id)
+	}
+	return nil
 }
 
 // DeadLetters returns a store over this processor's dead-letter table.
@@ -414,20 +471,17 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 	// hash: a dedup hit without the database. Anything else (a miss, another
 	// hash) takes the transaction below.
 	if p.cache.hit(ev.ID, ev.PayloadHash) {
-		return p.duplicate(ev)
+		return p.duplicate(ctx, ev)
 	}
 	// While the database has mostly been answering "duplicate" (a replay
 	// after a rebalance or a restart), a committed dedup row is looked up
 	// first, outside any transaction: one point read instead of BEGIN,
 	// INSERT, ROLLBACK. Only a committed row with this very hash is trusted;
 	// a miss, another hash or an error takes the transaction.
-	if p.dups.storm() {
-		var existing string
-		if err := p.db.GetContext(ctx, &existing, p.q.selectLogHash, g, ev.ID); err == nil && existing == ev.PayloadHash {
-			p.dups.record(true)
-			p.cache.add(ev.ID, existing)
-			return p.duplicate(ev)
-		}
+	if p.dups.storm() && p.preReadHit(ctx, ev) {
+		p.dups.record(true)
+		p.cache.add(ev.ID, ev.PayloadHash)
+		return p.duplicate(ctx, ev)
 	}
 	tx, err := p.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -462,7 +516,7 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 			return p.fail(ctx, m, ev, ClassTransient, err)
 		case existing == ev.PayloadHash:
 			p.cache.add(ev.ID, existing) // the row we locked is committed
-			return p.duplicate(ev)
+			return p.duplicate(ctx, ev)
 		}
 		err := fmt.Errorf("%w: event %s applied with payload hash %s, redelivered with %s", ErrConflict, ev.ID, existing, ev.PayloadHash)
 		return p.park(ctx, m, ev, ClassConflict, err, existing, 0)
@@ -485,9 +539,14 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 				rollback()
 				return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: mark stale: %w", err))
 			}
+			if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
+				rollback()
+				return p.fail(ctx, m, ev, ClassTransient, err)
+			}
 			if err := p.commit(tx, &done); err != nil {
 				return p.fail(ctx, m, ev, ClassTransient, err)
 			}
+			p.failed.remove(ev.ID)
 			p.cache.add(ev.ID, ev.PayloadHash)
 			p.stats.stale.Add(1)
 			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerStale }, g, p.typeLabel(ev))
@@ -514,12 +573,9 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
 		}
 	}
-	if ev.Delivery.ReconsumeTimes > 0 {
-		// Earlier attempts failed: their bookkeeping goes with the success.
-		if _, err := tx.ExecContext(ctx, p.q.deleteAttempt, g, ev.ID); err != nil {
-			rollback()
-			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: clear attempts: %w", err))
-		}
+	if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
+		rollback()
+		return p.fail(ctx, m, ev, ClassTransient, err)
 	}
 	// 4. Commit. A commit error is ambiguous; the redelivery finds out (a
 	// dedup hit if it did commit).
@@ -527,6 +583,7 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 		return p.fail(ctx, m, ev, ClassTransient, err)
 	}
 	failpoint.Inject(failpoint.AfterConsumeCommit)
+	p.failed.remove(ev.ID)
 	p.cache.add(ev.ID, ev.PayloadHash) // only now: the effect is committed
 	p.stats.applied.Add(1)
 	p.count(ev, ResultApplied)
@@ -560,9 +617,84 @@ func (p *Processor) dedupResult(ctx context.Context, tx *sqlx.Tx, res sql.Result
 	return true, existing, nil
 }
 
+// mayHaveAttempts reports whether ev's event may have an attempt row, so
+// that its success or dedup hit must delete it: a retry (ReconsumeTimes > 0:
+// this very message failed before, here or on another instance), or an id
+// this process saw fail or found failed at Consumer.Start (another copy of
+// it failed; this copy is a first delivery). Any other first delivery - the
+// common path - issues no delete at all: an attempt row exists only for
+// events whose some copy failed, and that copy comes back as a retry, whose
+// success or dedup hit deletes it (a process that crashed between recording
+// the failure and answering the broker leaves it to the restarted process,
+// which loads the ids at Start).
+func (p *Processor) mayHaveAttempts(ev Event) bool {
+	return ev.Delivery.ReconsumeTimes > 0 || p.failed.has(ev.ID)
+}
+
+// clearAttemptsTx deletes ev's attempt row, if it may have one, in the
+// transaction that commits its success: the bookkeeping of the failures
+// goes with the success, atomically.
+func (p *Processor) clearAttemptsTx(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+	if !p.mayHaveAttempts(ev) {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err != nil {
+		return fmt.Errorf("consumer: clear attempts: %w", err)
+	}
+	return nil
+}
+
+// preReadHit reads the dedup row outside a transaction (the duplicate-storm
+// shortcut) and reports whether it is committed with ev's hash. A plain read
+// sees another transaction's uncommitted row when the session runs at READ
+// UNCOMMITTED; ACKing on that row would lose the event if that transaction
+// rolls back. So the same statement reads the session's isolation level, and
+// at READ UNCOMMITTED the answer is not trusted and the pre-read is turned
+// off for good (the transaction path, whose INSERT waits on the row lock,
+// decides). A server that knows neither isolation variable turns it off too.
+func (p *Processor) preReadHit(ctx context.Context, ev Event) bool {
+	i := p.preRead.Load()
+	if i >= preReadOff {
+		return false
+	}
+	var r struct {
+		Hash      string `db:"h"`
+		Isolation string `db:"iso"`
+	}
+	err := p.db.GetContext(ctx, &r, p.q.preRead[i], p.cfg.Group, ev.ID)
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &me) && me.Number == errUnknownSystemVariable:
+		p.preRead.CompareAndSwap(i, i+1)
+		return false
+	case err != nil:
+		return false
+	case strings.EqualFold(r.Isolation, "READ-UNCOMMITTED"):
+		if p.preRead.Swap(preReadOff) != preReadOff {
+			p.cfg.Logger.WithField("consumer_group", p.cfg.Group).
+				Debug("consumer: sessions run at READ UNCOMMITTED; the duplicate-storm pre-read is off")
+		}
+		return false
+	}
+	return r.Hash == ev.PayloadHash
+}
+
 // duplicate counts and returns a dedup hit: the event's effect is committed
-// with this payload hash, so the message is ACKed without the handler.
-func (p *Processor) duplicate(ev Event) Outcome {
+// with this payload hash, so the message is ACKed without the handler. The
+// attempt row of an event that may have one is deleted first (a dedup hit
+// has no transaction of its own to do it in).
+func (p *Processor) duplicate(ctx context.Context, ev Event) Outcome {
+	if p.mayHaveAttempts(ev) {
+		bctx, cancel := bookkeeping(ctx)
+		_, err := p.db.ExecContext(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID)
+		cancel()
+		if err != nil {
+			// The next copy (or the restarted process) tries again.
+			p.cfg.Logger.WithFields(p.fields(ev)).WithError(err).Warn("consumer: cannot clear the attempts of a duplicate")
+		} else {
+			p.failed.remove(ev.ID)
+		}
+	}
 	p.stats.duplicates.Add(1)
 	metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerDedupHits }, p.cfg.Group, p.typeLabel(ev))
 	p.count(ev, ResultDuplicate)
@@ -635,6 +767,7 @@ func (p *Processor) fail(ctx context.Context, m Message, ev Event, c Class, err 
 	text := clip(p.cfg.RedactText(err.Error()), 2000)
 	attempts := ev.Delivery.ReconsumeTimes + 1
 	_, rerr := p.db.ExecContext(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text, string(c), text)
+	p.failed.add(ev.ID) // even on an error: the row may have been written
 	if rerr == nil {
 		rerr = p.db.GetContext(bctx, &attempts, p.q.selectAttempt, p.cfg.Group, ev.ID)
 	}
@@ -668,12 +801,8 @@ func (p *Processor) fail(ctx context.Context, m Message, ev Event, c Class, err 
 func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, cause error, existingHash string, attempts int) Outcome {
 	bctx, cancel := bookkeeping(ctx)
 	defer cancel()
-	payload := ev.Payload
-	redacted := false
-	if p.cfg.Redact != nil {
-		payload = p.cfg.Redact(append([]byte(nil), payload...))
-		redacted = true
-	}
+	payload := p.cfg.Redact(append([]byte(nil), ev.Payload...))
+	redacted := !bytes.Equal(payload, ev.Payload)
 	props, _ := json.Marshal(replayProperties(m.Properties))
 	var existing any
 	if existingHash != "" {
@@ -703,8 +832,10 @@ func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, caus
 		return Outcome{Result: ResultRetry, EventID: ev.ID, Class: ClassTransient, Err: fmt.Errorf("consumer: park: %w", err),
 			Attempt: attempts, DelayLevel: p.cfg.DelayLevel(ClassTransient, max(attempts, d.ReconsumeTimes+1))}
 	}
-	if attempts > 0 || d.ReconsumeTimes > 0 {
-		_, _ = p.db.ExecContext(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID)
+	if attempts > 0 || p.mayHaveAttempts(ev) {
+		if _, err := p.db.ExecContext(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err == nil {
+			p.failed.remove(ev.ID)
+		}
 	}
 	p.stats.parked.Add(1)
 	metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerDeadLetters }, p.cfg.Group, p.typeLabel(ev), string(c))

@@ -15,6 +15,6 @@
 // than failing, since a service may use only some of rmqtx's parts.
 //
 // Every payload goes through a Redactor before it is returned (I10): by
-// default ShowPrefix(DefaultPrefixLen) shows a few leading bytes and the
-// size. Nothing here writes.
+// default Hidden shows only its size. Seeing payload bytes is an explicit
+// opt-out (ShowPrefix, Clear). Nothing here writes.
 package inspect

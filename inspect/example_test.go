@@ -9,7 +9,7 @@ import (
 	"github.com/rmqtx/rmqtx/inspect"
 )
 
-// Where is this event? Tables and broker, payloads redacted.
+// Where is this event? Tables and broker, payloads hidden (sizes only).
 func Example() {
 	ctx := context.Background()
 	db, err := sqlx.Open("mysql", "app:secret@tcp(127.0.0.1:3306)/shop?parseTime=true")
@@ -35,7 +35,14 @@ func Example() {
 	}
 }
 
-// The default redactor shows a short prefix and the size.
+// The default redactor shows only the size.
+func ExampleHidden() {
+	fmt.Println(inspect.Hidden()([]byte(`{"card":"4111111111111111"}`)))
+	// Output: <27 bytes>
+}
+
+// ShowPrefix, an explicit opt-out of full redaction, shows a short prefix
+// and the size.
 func ExampleShowPrefix() {
 	fmt.Println(inspect.ShowPrefix(8)([]byte(`{"card":"4111111111111111"}`)))
 	// Output: {"card":… <27 bytes>

@@ -32,7 +32,9 @@ type Config struct {
 	DB *sqlx.DB
 	// TablePrefix of all rmqtx tables. Default DefaultTablePrefix.
 	TablePrefix string
-	// Redact renders payloads. Default ShowPrefix(DefaultPrefixLen).
+	// Redact renders payloads. Default Hidden(): sizes only, since the
+	// inspector's output ends up on screens, in tickets and in chat. Showing
+	// any payload bytes (ShowPrefix, Clear) is an explicit, risky opt-out.
 	Redact Redactor
 	// RedactText is applied to stored error texts and notes before they are
 	// returned. Default: unchanged (the consumer already applied its own
@@ -65,7 +67,7 @@ func New(cfg Config) (*Inspector, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if cfg.Redact == nil {
-		cfg.Redact = ShowPrefix(DefaultPrefixLen)
+		cfg.Redact = Hidden()
 	}
 	if cfg.RedactText == nil {
 		cfg.RedactText = func(s string) string { return s }

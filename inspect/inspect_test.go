@@ -77,7 +77,17 @@ func TestEventAcrossTables(t *testing.T) {
 	require.ElementsMatch(t, []string{"rmqtx_outbox", "rmqtx_replay_audit_item"}, v.Missing)
 	js, err := json.Marshal(v)
 	require.NoError(t, err)
-	require.NotContains(t, string(js), "4111", "no payload content past the prefix leaks")
+	require.NotContains(t, string(js), "4111", "no payload content leaks")
+	require.NotContains(t, string(js), `{\"order`, "not even a prefix: payloads are hidden by default")
+	require.Equal(t, "<41 bytes>", v.Txlog.Payload, "the default shows sizes only")
+	require.Equal(t, "<41 bytes>", v.DeadLetters[0].Payload)
+
+	// Seeing payload bytes is an explicit opt-out.
+	shown, err := inspect.New(inspect.Config{DB: db, Redact: inspect.ShowPrefix(8)})
+	require.NoError(t, err)
+	sv, err := shown.Event(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, `{"order"… <41 bytes>`, sv.Txlog.Payload)
 
 	views, err := in.BusinessKey(ctx, "o-1", 10)
 	require.NoError(t, err)

@@ -10,7 +10,8 @@ import (
 // payload the inspector returns (I10); the raw bytes never leave the package.
 type Redactor func(payload []byte) string
 
-// DefaultPrefixLen is how many bytes of a payload the default redactor shows.
+// DefaultPrefixLen is a reasonable n for ShowPrefix when an operator opts in
+// to seeing payload prefixes. The default redactor (Hidden) shows none.
 const DefaultPrefixLen = 8
 
 // ShowPrefix shows at most n leading bytes of a printable UTF-8 payload and
@@ -42,10 +43,11 @@ func maskAll(s string) string {
 	return strings.Repeat("*", utf8.RuneCountInString(s))
 }
 
-// Hidden shows only a payload's size.
+// Hidden shows only a payload's size: the default.
 func Hidden() Redactor { return ShowPrefix(0) }
 
-// Clear shows payloads as they are. For local debugging only.
+// Clear shows payloads as they are. Risky: card numbers, addresses and the
+// like reach the screen and whatever records it. For local debugging only.
 func Clear() Redactor {
 	return func(p []byte) string { return string(p) }
 }

@@ -19,7 +19,8 @@ type Metrics struct {
 	CheckbackAnswers    *prometheus.CounterVec   // result=commit|rollback|unknown
 	CheckbackFences     *prometheus.CounterVec   // ROLLED_BACK rows written by a check
 	CheckbackDuration   prometheus.Histogram     // time to answer one check
-	DiscardRecoveries   *prometheus.CounterVec   // decision=republished|dropped|fenced|failed
+	DiscardRecoveries   *prometheus.CounterVec   // decision=republished|dropped|fenced|conflict|no_payload|failed
+	DiscardUndecided    *prometheus.GaugeVec     // discarded halves recovery holds, not yet decided
 	ConsumerProcessed   *prometheus.CounterVec   // result=applied|duplicate|conflict|stale|gap|retry|parked
 	ConsumerDedupHits   *prometheus.CounterVec   // duplicates absorbed
 	ConsumerConflicts   *prometheus.CounterVec   // same id, different payload hash
@@ -30,7 +31,7 @@ type Metrics struct {
 	ConsumerLag         *prometheus.HistogramVec // seconds from store to commit of the effect
 	ReplayMessages      *prometheus.CounterVec   // result=sent|failed|skipped
 	ReplayRate          prometheus.Gauge         // configured messages/second of the running replay
-	ProducerSends       *prometheus.CounterVec   // result=committed|rolled_back|unknown|error
+	ProducerSends       *prometheus.CounterVec   // result=committed|duplicate|rolled_back|unknown|error
 }
 
 // New creates the collectors and registers them on reg. Pass
@@ -54,7 +55,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		CheckbackFences:    cv("checkback", "fences_total", "Transactions fenced (ROLLED_BACK written) by a check or recovery.", "group"),
 		CheckbackDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Subsystem: "checkback", Name: "answer_seconds",
 			Help: "Time to answer one transaction check.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		DiscardRecoveries:   cv("checkback", "discard_recoveries_total", "Half messages the broker discarded, by recovery decision.", "group", "decision"),
+		DiscardRecoveries: cv("checkback", "discard_recoveries_total", "Recovery outcomes for half messages the broker discarded: decisions, and failed attempts (retried).", "group", "decision"),
+		DiscardUndecided: gv("checkback", "discard_undecided", "Half messages the broker discarded (TRANS_CHECK_MAX_TIME_TOPIC) that recovery has received and not decided yet; "+
+			"it retries each until decided, so a value above 0 for long means recovery cannot reach its database or the broker.", "group"),
 		ConsumerProcessed:   cv("consumer", "messages_total", "Messages handled by the idempotent consumer, by result.", "consumer_group", "event_type", "result"),
 		ConsumerDedupHits:   cv("consumer", "dedup_hits_total", "Duplicate deliveries absorbed by the consume log.", "consumer_group", "event_type"),
 		ConsumerConflicts:   cv("consumer", "conflicts_total", "Same event id with a different payload hash (parked).", "consumer_group", "event_type"),
@@ -67,7 +70,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		ReplayMessages: cv("replay", "messages_total", "Dead letters replayed, by result (sent, failed, skipped).", "destination", "result"),
 		ReplayRate: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: "replay", Name: "rate_limit",
 			Help: "Messages per second allowed for the replay in progress (0 when none runs)."}),
-		ProducerSends: cv("txproducer", "sends_total", "Transactional sends by outcome (committed, rolled_back, unknown, error).", "group", "event_type", "result"),
+		ProducerSends: cv("txproducer", "sends_total", "Transactional sends by outcome (committed, duplicate: the event id was already committed, rolled_back, unknown, error).", "group", "event_type", "result"),
 	}
 	if reg == nil {
 		return m, nil
@@ -87,7 +90,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.OutboxPending, m.OutboxOldestAge, m.OutboxClaimLatency, m.OutboxSends, m.OutboxLeaseExpired,
-		m.CheckbackAnswers, m.CheckbackFences, m.CheckbackDuration, m.DiscardRecoveries,
+		m.CheckbackAnswers, m.CheckbackFences, m.CheckbackDuration, m.DiscardRecoveries, m.DiscardUndecided,
 		m.ConsumerProcessed, m.ConsumerDedupHits, m.ConsumerConflicts, m.ConsumerStale, m.ConsumerGaps,
 		m.ConsumerRetries, m.ConsumerDeadLetters, m.ConsumerLag, m.ReplayMessages, m.ReplayRate, m.ProducerSends,
 	}
@@ -101,4 +104,13 @@ func Inc(m *Metrics, pick func(*Metrics) *prometheus.CounterVec, labels ...strin
 		return
 	}
 	pick(m).WithLabelValues(labels...).Inc()
+}
+
+// Add adds delta to a gauge vector with the given label values; nil-safe
+// like Inc.
+func Add(m *Metrics, pick func(*Metrics) *prometheus.GaugeVec, delta float64, labels ...string) {
+	if m == nil {
+		return
+	}
+	pick(m).WithLabelValues(labels...).Add(delta)
 }

@@ -85,6 +85,33 @@ func (e *SendError) Error() string {
 
 func (e *SendError) Unwrap() error { return e.Err }
 
+// RetryClass returns the class name ("transient", "unknown", "permanent").
+// The consumer package's *consumer.Error has the same method with a larger
+// vocabulary; each package's ClassOf recognises the other's errors (and any
+// error type with this method) without either importing the other.
+func (e *SendError) RetryClass() string { return e.Class.String() }
+
+// retryClasser is an error classified by this package, by the consumer
+// package (*consumer.Error) or by the caller's own type.
+type retryClasser interface{ RetryClass() string }
+
+// classFromName maps a RetryClass name onto a Class. The consumer package's
+// extra names map by what they mean for a send: "wait" (a precondition not
+// met yet) is transient; "data" (the message can never be processed) and
+// "conflict" (the event id was reused with another payload) are permanent.
+// ok is false for a name outside the vocabulary.
+func classFromName(name string) (c Class, ok bool) {
+	switch name {
+	case "transient", "wait":
+		return ClassTransient, true
+	case "unknown":
+		return ClassUnknown, true
+	case "permanent", "data", "conflict":
+		return ClassPermanent, true
+	}
+	return 0, false
+}
+
 // NewSendError classifies err with an explicit code. A nil err returns nil.
 // An empty code defaults to the class name.
 func NewSendError(class Class, code string, err error) error {
@@ -107,12 +134,21 @@ func Transient(err error) error { return NewSendError(ClassTransient, "", err) }
 // row is retried with backoff and the same event id.
 func Unknown(err error) error { return NewSendError(ClassUnknown, "", err) }
 
-// ClassOf returns the class of a send error. Unclassified errors are
-// transient, except context deadline errors, which are unknown.
+// ClassOf returns the class of a send error: that of the outermost
+// classified error in its chain (a *SendError, a *consumer.Error, or any
+// error with a RetryClass() string method; see classFromName for the
+// consumer's names). Unclassified errors, and RetryClass names outside the
+// vocabulary, are transient, except context deadline errors, which are
+// unknown.
 func ClassOf(err error) Class {
-	var se *SendError
-	if errors.As(err, &se) {
-		return se.Class
+	var rc retryClasser
+	if errors.As(err, &rc) {
+		if se, ok := rc.(*SendError); ok {
+			return se.Class
+		}
+		if c, ok := classFromName(rc.RetryClass()); ok {
+			return c
+		}
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return ClassUnknown
@@ -125,9 +161,13 @@ func CodeOf(err error) string {
 	if err == nil {
 		return ""
 	}
-	var se *SendError
-	if errors.As(err, &se) && se.Code != "" {
-		return se.Code
+	// The code of the error that decides the class: the outermost
+	// classified one, when it is a *SendError.
+	var rc retryClasser
+	if errors.As(err, &rc) {
+		if se, ok := rc.(*SendError); ok && se.Code != "" {
+			return se.Code
+		}
 	}
 	return ClassOf(err).String()
 }

@@ -39,7 +39,8 @@ func TestReplayEndToEnd(t *testing.T) {
 
 	var fixed atomic.Bool
 	c, err := consumer.New(consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Metrics: m, Routes: map[string]consumer.Route{
+		// Replay needs the stored payload: dead letters keep none by default.
+		ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Metrics: m, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
 			"OrderPaid": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
 				if !fixed.Load() {
 					return consumer.Permanent(errors.New("downstream rejects the order"))

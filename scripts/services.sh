@@ -3,15 +3,18 @@
 # broker), on loopback only, installed and started without Docker.
 #
 #   scripts/services.sh install                       install MariaDB and fetch the RocketMQ jars only
-#   scripts/services.sh up [mariadb|namesrv|broker]   install if missing, start, wait until usable
-#   scripts/services.sh down [mariadb|namesrv|broker] stop what this script started (recorded PIDs)
-#   scripts/services.sh kill9 broker|namesrv|mariadb  SIGKILL one service (fault tests)
+#   scripts/services.sh up [mariadb|namesrv|broker|broker-b]   install if missing, start, wait until usable
+#   scripts/services.sh down [mariadb|namesrv|broker|broker-b] stop what this script started (recorded PIDs)
+#   scripts/services.sh kill9 broker|broker-b|namesrv|mariadb  SIGKILL one service (fault tests)
 #   scripts/services.sh status                        what runs, on which port
-#   scripts/services.sh logs [mariadb|namesrv|broker] tail the logs
+#   scripts/services.sh logs [mariadb|namesrv|broker|broker-b] tail the logs
 #   scripts/services.sh admin <mqadmin args>          RocketMQ admin tool, name server preset
 #   scripts/services.sh env                           print the settings as shell exports
 #
 # Every setting can be changed from the environment; see the defaults below.
+# RMQTX_BROKERS=2 starts a two-master cluster: broker-a ("broker", on
+# RMQTX_BROKER_PORT) and broker-b (on RMQTX_BROKER_B_PORT), each with its own
+# ports and store, registered with the one name server (cluster tests).
 # `up` is idempotent: a second call only checks the services and returns.
 set -euo pipefail
 
@@ -25,6 +28,11 @@ MYSQL_PASSWORD=${RMQTX_MYSQL_PASSWORD:-rmqtx}
 MYSQL_DATABASE=${RMQTX_MYSQL_DATABASE:-rmqtx}
 NAMESRV_PORT=${RMQTX_NAMESRV_PORT:-9876}
 BROKER_PORT=${RMQTX_BROKER_PORT:-10911}
+BROKERS=${RMQTX_BROKERS:-1}
+BROKER_B_PORT=${RMQTX_BROKER_B_PORT:-$((BROKER_PORT + 100))}
+[[ $BROKERS == 1 || $BROKERS == 2 ]] || { echo "[services] ERROR: RMQTX_BROKERS must be 1 or 2" >&2; exit 1; }
+# Heaps: one broker gets 512 MiB; each broker of the two-broker cluster 384 MiB.
+BROKER_HEAP=${RMQTX_BROKER_HEAP:-$([[ $BROKERS == 2 ]] && echo 384m || echo 512m)}
 # Short transaction-check settings for tests (the broker's defaults are 6000 / 30000 / 15).
 TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
@@ -132,20 +140,36 @@ bindAddress=127.0.0.1
 EOF
   # Generated from scripts/rocketmq/broker.conf (the checked-in reference that
   # docker/ also uses) with this run's ports, folders and check settings.
-  sed -e "s#^listenPort=.*#listenPort=$BROKER_PORT#" \
-      -e "s#^namesrvAddr=.*#namesrvAddr=127.0.0.1:$NAMESRV_PORT#" \
-      -e "s#^storePathRootDir=.*#storePathRootDir=$RMQ_DIR/store#" \
-      -e "s#^storePathCommitLog=.*#storePathCommitLog=$RMQ_DIR/store/commitlog#" \
-      -e "s#^haListenPort=.*#haListenPort=$((BROKER_PORT + 1))#" \
-      -e "s#^transactionTimeOut=.*#transactionTimeOut=$TX_TIMEOUT_MS#" \
-      -e "s#^transactionCheckInterval=.*#transactionCheckInterval=$TX_CHECK_INTERVAL_MS#" \
-      -e "s#^transactionCheckMax=.*#transactionCheckMax=$TX_CHECK_MAX#" \
-      "$ROOT/scripts/rocketmq/broker.conf" >"$RMQ_DIR/broker.conf"
+  local svc
+  for svc in $(brokers); do
+    local port name store
+    port=$(broker_port "$svc") name=$(broker_name "$svc") store=$(broker_dir "$svc")/store
+    mkdir -p "$store"
+    sed -e "s#^brokerName=.*#brokerName=$name#" \
+        -e "s#^listenPort=.*#listenPort=$port#" \
+        -e "s#^namesrvAddr=.*#namesrvAddr=127.0.0.1:$NAMESRV_PORT#" \
+        -e "s#^storePathRootDir=.*#storePathRootDir=$store#" \
+        -e "s#^storePathCommitLog=.*#storePathCommitLog=$store/commitlog#" \
+        -e "s#^haListenPort=.*#haListenPort=$((port + 1))#" \
+        -e "s#^transactionTimeOut=.*#transactionTimeOut=$TX_TIMEOUT_MS#" \
+        -e "s#^transactionCheckInterval=.*#transactionCheckInterval=$TX_CHECK_INTERVAL_MS#" \
+        -e "s#^transactionCheckMax=.*#transactionCheckMax=$TX_CHECK_MAX#" \
+        "$ROOT/scripts/rocketmq/broker.conf" >"$RMQ_DIR/$svc.conf"
+  done
 }
 
-java_common() {
+# The brokers this run starts: "broker" (broker-a), and "broker-b" in the
+# two-broker cluster.
+brokers() { if [[ $BROKERS == 2 ]]; then echo broker broker-b; else echo broker; fi; }
+broker_port() { if [[ $1 == broker-b ]]; then echo "$BROKER_B_PORT"; else echo "$BROKER_PORT"; fi; }
+broker_name() { if [[ $1 == broker-b ]]; then echo broker-b; else echo broker-a; fi; }
+# broker-a keeps the single-broker layout (store, logs); broker-b has its own
+# folder, used as its user.home too, so the two never share a log file.
+broker_dir() { if [[ $1 == broker-b ]]; then echo "$RMQ_DIR/broker-b"; else echo "$RMQ_DIR"; fi; }
+
+java_common() { # [user.home]
   echo -server -XX:+UseG1GC -XX:-OmitStackTraceInFastThrow \
-    -Duser.home="$RMQ_DIR" -Drocketmq.home.dir="$RMQ_DIR/home" \
+    -Duser.home="${1:-$RMQ_DIR}" -Drocketmq.home.dir="$RMQ_DIR/home" \
     -Drocketmq.broker.diskSpaceWarningLevelRatio=0.98 -Drocketmq.broker.diskSpaceCleanForciblyRatio=0.97 \
     "${JDK_FLAGS[@]}"
 }
@@ -163,17 +187,21 @@ start_namesrv() {
   echo $! >"$PID_DIR/namesrv.pid"
 }
 
-start_broker() {
-  if pid_of broker >/dev/null; then return; fi
+start_broker() { # broker|broker-b
+  local svc=${1:-broker}
+  if pid_of "$svc" >/dev/null; then return; fi
   ensure_jars
   write_rocketmq_conf
-  port_open "$BROKER_PORT" && die "port $BROKER_PORT is taken by another process; set RMQTX_BROKER_PORT"
-  log "starting RocketMQ broker on 127.0.0.1:$BROKER_PORT (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks)"
+  local port dir
+  port=$(broker_port "$svc") dir=$(broker_dir "$svc")
+  mkdir -p "$dir/logs"
+  port_open "$port" && die "port $port is taken by another process; set RMQTX_BROKER_PORT / RMQTX_BROKER_B_PORT"
+  log "starting RocketMQ $(broker_name "$svc") on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks)"
   # shellcheck disable=SC2046
-  ROCKETMQ_HOME="$RMQ_DIR/home" setsid java -Xms512m -Xmx512m -XX:MaxDirectMemorySize=512m $(java_common) \
-    -cp "$LIB_DIR/*" org.apache.rocketmq.broker.BrokerStartup -c "$RMQ_DIR/broker.conf" \
-    </dev/null >>"$RMQ_DIR/logs/broker.out" 2>&1 &
-  echo $! >"$PID_DIR/broker.pid"
+  ROCKETMQ_HOME="$RMQ_DIR/home" setsid java -Xms$BROKER_HEAP -Xmx$BROKER_HEAP -XX:MaxDirectMemorySize=512m $(java_common "$dir") \
+    -cp "$LIB_DIR/*" org.apache.rocketmq.broker.BrokerStartup -c "$RMQ_DIR/$svc.conf" \
+    </dev/null >>"$dir/logs/broker.out" 2>&1 &
+  echo $! >"$PID_DIR/$svc.pid"
 }
 
 mqadmin() {
@@ -183,35 +211,42 @@ mqadmin() {
     org.apache.rocketmq.tools.command.MQAdminStartup "$@"
 }
 
-broker_fail() {
+broker_fail() { # message [service]
+  local dir
+  dir=$(broker_dir "${2:-broker}")
   log "$1; last lines of the broker's output:"
-  tail -40 "$RMQ_DIR/logs/broker.out" >&2 || true
-  tail -40 "$RMQ_DIR/logs/rocketmqlogs/broker.log" >&2 2>/dev/null || true
+  tail -40 "$dir/logs/broker.out" >&2 || true
+  tail -40 "$dir/logs/rocketmqlogs/broker.log" >&2 2>/dev/null || true
   die "$1"
 }
 
-wait_rocketmq() {
-  local deadline=$((SECONDS + WAIT_SECONDS))
+wait_rocketmq() { # [broker service to wait for; default all]
+  local deadline=$((SECONDS + WAIT_SECONDS)) svc port
   until port_open "$NAMESRV_PORT"; do
     pid_of namesrv >/dev/null || { tail -30 "$RMQ_DIR/logs/namesrv.out" >&2; die "namesrv exited during start-up"; }
     ((SECONDS < deadline)) || die "namesrv not listening after ${WAIT_SECONDS}s"
     sleep 0.3
   done
-  until port_open "$BROKER_PORT"; do
-    pid_of broker >/dev/null || broker_fail "broker exited during start-up"
-    ((SECONDS < deadline)) || broker_fail "broker not listening after ${WAIT_SECONDS}s"
-    sleep 0.3
+  local args=()
+  for svc in $(brokers); do
+    [[ -z ${1:-} || $1 == "$svc" ]] || continue
+    port=$(broker_port "$svc")
+    until port_open "$port"; do
+      pid_of "$svc" >/dev/null || broker_fail "$svc exited during start-up" "$svc"
+      ((SECONDS < deadline)) || broker_fail "$svc not listening after ${WAIT_SECONDS}s" "$svc"
+      sleep 0.3
+    done
+    args+=(-broker "$(broker_name "$svc")=127.0.0.1:$port")
   done
   # Usable means: registered with the name server under 127.0.0.1, and a send
-  # through the route is stored. internal/tools/svcready checks both in one
-  # process; a JVM (mqadmin) per attempt was slower than the broker itself on
-  # a loaded machine. The remaining time of the same deadline is its budget.
+  # to a queue of that broker is stored. internal/tools/svcready checks both
+  # in one process; a JVM (mqadmin) per attempt was slower than the broker
+  # itself on a loaded machine. The rest of the same deadline is its budget.
   local left=$((deadline - SECONDS)) out
   ((left > 5)) || left=5
-  if ! out=$(svcready -namesrv "127.0.0.1:$NAMESRV_PORT" -broker "127.0.0.1:$BROKER_PORT" -timeout "${left}s" 2>&1); then
-    pid_of broker >/dev/null || broker_fail "broker exited before accepting a send"
+  if ! out=$(svcready -namesrv "127.0.0.1:$NAMESRV_PORT" "${args[@]}" -timeout "${left}s" 2>&1); then
     echo "$out" >&2
-    broker_fail "broker not usable within ${WAIT_SECONDS}s of start"
+    broker_fail "broker not usable within ${WAIT_SECONDS}s of start" "${1:-broker}"
   fi
 }
 
@@ -230,18 +265,24 @@ want() { [[ -z ${1:-} || $1 == "$2" ]]; }
 
 cmd_up() {
   local only=${1:-}
-  local t0=$SECONDS
+  local t0=$SECONDS svc all=1
   mkdir -p "$PID_DIR"
-  if [[ -z $only ]] && pid_of mariadb >/dev/null && pid_of namesrv >/dev/null && pid_of broker >/dev/null; then
+  for svc in mariadb namesrv $(brokers); do pid_of "$svc" >/dev/null || all=0; done
+  if [[ -z $only && $all == 1 ]]; then
     log "already up (use 'status' for details)"
     return
   fi
   want "$only" mariadb && start_mariadb
   want "$only" namesrv && start_namesrv
-  want "$only" broker && start_broker
+  for svc in $(brokers); do want "$only" "$svc" && start_broker "$svc"; done
   want "$only" mariadb && wait_mariadb
-  if want "$only" namesrv || want "$only" broker; then wait_rocketmq; fi
-  log "up in $((SECONDS - t0))s: MariaDB 127.0.0.1:$MYSQL_PORT, namesrv 127.0.0.1:$NAMESRV_PORT, broker 127.0.0.1:$BROKER_PORT"
+  case $only in
+    "" | namesrv) wait_rocketmq ;;
+    broker | broker-b) wait_rocketmq "$only" ;;
+  esac
+  local where="broker 127.0.0.1:$BROKER_PORT"
+  [[ $BROKERS == 2 ]] && where="brokers broker-a 127.0.0.1:$BROKER_PORT, broker-b 127.0.0.1:$BROKER_B_PORT"
+  log "up in $((SECONDS - t0))s: MariaDB 127.0.0.1:$MYSQL_PORT, namesrv 127.0.0.1:$NAMESRV_PORT, $where"
 }
 
 stop_one() { # service signal
@@ -257,6 +298,7 @@ stop_one() { # service signal
 
 cmd_down() {
   local only=${1:-}
+  want "$only" broker-b && stop_one broker-b TERM
   want "$only" broker && stop_one broker TERM
   want "$only" namesrv && stop_one namesrv TERM
   want "$only" mariadb && stop_one mariadb TERM
@@ -264,14 +306,14 @@ cmd_down() {
 }
 
 cmd_kill9() {
-  [[ -n ${1:-} ]] || die "usage: kill9 broker|namesrv|mariadb"
+  [[ -n ${1:-} ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb"
   stop_one "$1" KILL
 }
 
 cmd_status() {
   local s pid port rc=0
-  for s in mariadb namesrv broker; do
-    case $s in mariadb) port=$MYSQL_PORT ;; namesrv) port=$NAMESRV_PORT ;; broker) port=$BROKER_PORT ;; esac
+  for s in mariadb namesrv $(brokers); do
+    case $s in mariadb) port=$MYSQL_PORT ;; namesrv) port=$NAMESRV_PORT ;; broker) port=$BROKER_PORT ;; broker-b) port=$BROKER_B_PORT ;; esac
     if pid=$(pid_of $s); then
       printf '%-8s running  pid %-7s 127.0.0.1:%s\n' "$s" "$pid" "$port"
     else
@@ -288,6 +330,10 @@ cmd_logs() {
   want "$only" namesrv && { echo "== namesrv"; tail -n 40 "$RMQ_DIR/logs/namesrv.out" 2>/dev/null || true; }
   want "$only" broker && { echo "== broker"; tail -n 40 "$RMQ_DIR/logs/broker.out" 2>/dev/null || true
     echo "== broker.log"; tail -n 40 "$RMQ_DIR/logs/rocketmqlogs/broker.log" 2>/dev/null || true; }
+  if [[ $BROKERS == 2 ]] && want "$only" broker-b; then
+    echo "== broker-b"; tail -n 40 "$RMQ_DIR/broker-b/logs/broker.out" 2>/dev/null || true
+    echo "== broker-b broker.log"; tail -n 40 "$RMQ_DIR/broker-b/logs/rocketmqlogs/broker.log" 2>/dev/null || true
+  fi
   return 0
 }
 
@@ -300,6 +346,7 @@ export RMQTX_MYSQL_DATABASE=$MYSQL_DATABASE
 export RMQTX_NAMESRV=127.0.0.1:$NAMESRV_PORT
 export RMQTX_BROKER=127.0.0.1:$BROKER_PORT
 EOF
+  if [[ $BROKERS == 2 ]]; then echo "export RMQTX_BROKER_B=127.0.0.1:$BROKER_B_PORT"; fi
 }
 
 case ${1:-} in

@@ -34,18 +34,20 @@ LOG=${RMQTX_RUN_DIR:-.run}/go-test.log
 # returns go test's own exit status.
 go_tests() {
   echo "== go test -race -tags failpoints ./..."
-  local rc=0
-  local summary=${TMPDIR:-/tmp}/rmqtx-faultsuite-summary.txt
+  local rc=0 suite summary
   mkdir -p "$(dirname "$LOG")"
-  rm -f "$summary"
+  for suite in faultsuite clustersuite; do rm -f "${TMPDIR:-/tmp}/rmqtx-$suite-summary.txt"; done
   # shellcheck disable=SC2086
   "$GO" test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$LOG" || rc=$?
-  # go test hides a passing package's output; the fault suite's figures
-  # (lost, ghosts, double effects) belong in every run's log.
-  if [[ -f $summary ]]; then
-    echo "== fault-injection summary"
-    cat "$summary"
-  fi
+  # go test hides a passing package's output; the figures of the fault and
+  # cluster suites (lost, ghosts, double effects) belong in every run's log.
+  for suite in faultsuite clustersuite; do
+    summary=${TMPDIR:-/tmp}/rmqtx-$suite-summary.txt
+    if [[ -f $summary ]]; then
+      echo "== $suite summary"
+      cat "$summary"
+    fi
+  done
   return $rc
 }
 
@@ -85,6 +87,7 @@ fi
 bash scripts/services.sh install
 go mod download
 bash scripts/client-patch.sh check
+bash scripts/promtool.sh >/dev/null
 go build -tags failpoints ./... >/dev/null
 
 if [[ $netns == 1 ]]; then

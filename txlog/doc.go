@@ -13,6 +13,10 @@
 // there is never a row in an "in progress" state: a missing row means "still
 // running or never ran", and a present row is final.
 //
+// Get reads in a read-only READ COMMITTED transaction, so that "missing"
+// holds whatever the server's or the session's default isolation: under
+// READ UNCOMMITTED a plain SELECT would see an in-flight transaction's row.
+//
 // The Store keeps all SQL (MySQL 8 and MariaDB 10.11) behind one type so
 // the producer, check-back, recovery and the runbook tooling share it. The
 // table name carries a validated prefix (DefaultPrefix unless configured);

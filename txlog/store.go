@@ -153,12 +153,26 @@ func (s *Store) Insert(ctx context.Context, tx sqlx.ExecerContext, r Row) error 
 	return nil
 }
 
+// readCommitted is how Get reads: a read-only READ COMMITTED transaction.
+// A plain autocommit SELECT inherits the session's isolation, and under
+// READ UNCOMMITTED (a server or DSN default we do not control) it would see
+// the COMMITTED row of a local transaction that is still running and may
+// yet roll back: a check would answer COMMIT for a ghost (I2). The
+// transaction costs two extra round trips but stays a non-locking point
+// lookup, so it never waits on a running local transaction.
+var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
+
 // Get returns the row for id, or an error wrapping ErrNotFound. It reads
-// committed data only (a plain autocommit SELECT), so an in-flight local
-// transaction's row is not seen.
+// committed data only, whatever the server's or the session's default
+// isolation, so an in-flight local transaction's row is never seen.
 func (s *Store) Get(ctx context.Context, id string) (Row, error) {
+	tx, err := s.db.BeginTxx(ctx, readCommitted)
+	if err != nil {
+		return Row{}, fmt.Errorf("txlog: get %s: begin: %w", id, err)
+	}
+	defer func() { _ = tx.Rollback() }() // read-only: nothing to commit
 	var r dbRow
-	if err := s.db.GetContext(ctx, &r, s.q.get, id); err != nil {
+	if err := tx.GetContext(ctx, &r, s.q.get, id); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return Row{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 		}

@@ -52,6 +52,11 @@ const (
 	RecoveryDropped     RecoveryDecision = "DROPPED"     // ROLLED_BACK row: dropped
 	RecoveryFenced      RecoveryDecision = "FENCED"      // no row: fenced, then dropped
 	RecoveryConflict    RecoveryDecision = "CONFLICT"    // payload hash differs from the row: dropped
+	// RecoveryNoPayload: a COMMITTED row that cannot be published again from
+	// the log (no stored payload with DisablePayloadStorage or a resolver's
+	// decision, a payload that no longer matches its hash, no topic). The
+	// event is NOT delivered: recovery alerts and an operator must publish it.
+	RecoveryNoPayload RecoveryDecision = "NO_PAYLOAD"
 )
 
 // Row is one transaction log entry.

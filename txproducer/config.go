@@ -42,11 +42,15 @@ type Config struct {
 	// suffix, new for every Producer: the client shares one connection per
 	// instance name in a process, and a shared one can drop checks.
 	InstanceName string
-	// DB is the database of the local transactions and the txlog. Required.
-	// Its pool must allow at least 2 connections (a check runs while a
-	// local transaction holds one).
+	// DB is the database of the local transactions and the txlog. Required
+	// (unless Log is set, whose database it then is). Its pool must allow at
+	// least 2 connections (a check runs while a local transaction holds one).
 	DB *sqlx.DB
-	// Log is the transaction log. Default: txlog.New(DB, TablePrefix).
+	// Log is the transaction log. Default: txlog.New(DB, TablePrefix). When
+	// set, it must be built on DB (the same *sql.DB): the txlog row is
+	// written inside DB's local transaction and checks read it through Log,
+	// so two databases would let a check miss a committed row (I3). New
+	// rejects a Log on another handle.
 	Log *txlog.Store
 	// TablePrefix for the default Log. Default txlog.DefaultPrefix.
 	TablePrefix string
@@ -62,14 +66,27 @@ type Config struct {
 	// txlog statements. Default 3 s.
 	CheckTimeout time.Duration
 	// FenceAge: a check that finds no txlog row for a half message older
-	// than this fences it (see package checkback). Default 60 s.
+	// than this fences it (see package checkback). Default 60 s, which fits
+	// the broker's defaults. Start reads every master broker's
+	// transactionTimeOut, transactionCheckInterval and transactionCheckMax
+	// and checks FenceAge + interval < timeout + (max-1) x interval: when it
+	// does not hold, Start fails with a *BrokerSettingsError if
+	// DisableRecovery is set (nothing would resolve the halves the broker
+	// discards before a check could fence them), and logs a warning
+	// otherwise (recovery resolves them from the txlog). A broker whose
+	// settings cannot be read is logged at Info and not checked.
 	FenceAge time.Duration
 	// MaxPayloadBytes rejects larger payloads before sending. Default
 	// DefaultMaxPayloadBytes (4 MiB - 64 KiB).
 	MaxPayloadBytes int
 	// DisablePayloadStorage keeps payloads out of the txlog (only the hash
-	// is stored). Default false: payloads are stored so a committed event
-	// can be published again by tooling.
+	// is stored). Default false: payloads are stored so that discard
+	// recovery and tooling can publish a committed event again. What it
+	// gives up: a committed event whose half message the broker discards
+	// (transactionCheckMax reached) is not republished; recovery records
+	// the NO_PAYLOAD decision, logs an error and counts it
+	// (rmqtx_checkback_discard_recoveries_total{decision="no_payload"}), and
+	// an operator must publish it again from the business data.
 	DisablePayloadStorage bool
 	// Resolver is asked by checks when no txlog row exists. Default none.
 	Resolver checkback.Resolver
@@ -81,7 +98,7 @@ type Config struct {
 	// DisableRecovery does not start discard recovery (checkback.Recovery)
 	// with the producer. Default false.
 	DisableRecovery bool
-	// RecoveryStartRetry: see checkback.RecoveryConfig.StartRetry. Default 30 s.
+	// RecoveryStartRetry: see checkback.RecoveryConfig.StartRetry. Default 5 s.
 	RecoveryStartRetry time.Duration
 	// Metrics records sends, check answers, fences and recoveries. Default nil.
 	Metrics *metrics.Metrics
@@ -154,6 +171,9 @@ func (c Config) validate() error {
 	}
 	if c.DB == nil && c.Log == nil {
 		return wrapf(ErrConfig, "DB is required")
+	}
+	if c.DB != nil && c.Log != nil && c.Log.DB().DB != c.DB.DB {
+		return wrapf(ErrConfig, "Log: its database handle is not DB; the txlog must be in the database of the local transaction (pass DB alone, or a Log built on DB)")
 	}
 	if c.MaxPayloadBytes > 4<<20 {
 		return wrapf(ErrConfig, "MaxPayloadBytes %d is above the broker's default 4 MiB message limit", c.MaxPayloadBytes)

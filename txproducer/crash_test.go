@@ -112,6 +112,52 @@ func TestCrashAfterLocalCommit(t *testing.T) {
 	t.Logf("crash after commit: answers=%d consumed=%d", len(as), b.coll.Snapshot().Counts[id])
 }
 
+// d'. Killed after the local commit, then the caller sends the same id
+// again (it never learned the outcome): the retry reports the event as
+// committed without running its function or sending a half, the check
+// commits the first half, and the event arrives exactly once.
+func TestCrashAfterLocalCommitThenResend(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	p := startProducer(t, b.config())
+	id := "resend-commit-" + testenv.RandSuffix(6)
+	crashSend(t, b, failpoint.AfterLocalCommit, id)
+	require.Equal(t, txlog.StateCommitted, b.row(t, id).State)
+
+	ran := false
+	res, err := p.Send(context.Background(), b.msg(id), func(context.Context, *sqlx.Tx) error { ran = true; return nil })
+	require.NoError(t, err)
+	require.Equal(t, txproducer.StateCommitted, res.State)
+	require.True(t, res.Duplicate)
+	require.Empty(t, res.MsgID, "no second half message")
+	require.False(t, ran, "the function must not run again")
+
+	b.rec.waitT(t, id, "the check commits the first half", hasDecision(checkback.Commit))
+	b.exactlyOneCopy(t, p, id)
+}
+
+// Killed after the half message, before the local transaction; the caller
+// sends the same id again at once, and that Send commits. The first half
+// is then checked: the row was committed by the second half, so the check
+// answers ROLLBACK for the first, and the event arrives exactly once.
+func TestCrashAfterHalfMessageThenResend(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	p := startProducer(t, b.config())
+	id := "resend-half-" + testenv.RandSuffix(6)
+	crashSend(t, b, failpoint.AfterHalfMessage, id)
+
+	res, err := p.Send(context.Background(), b.msg(id), insertOrder(id))
+	require.NoError(t, err)
+	require.Equal(t, txproducer.StateCommitted, res.State)
+	require.False(t, res.Duplicate)
+
+	as := b.rec.waitT(t, id, "the check rolls the crashed half back", hasDecision(checkback.Rollback))
+	noUnknownPastFenceAge(t, as)
+	require.Equal(t, txlog.StateCommitted, b.row(t, id).State, "the row still says COMMITTED")
+	b.exactlyOneCopy(t, p, id)
+}
+
 // A crash after END_TRANSACTION changes nothing: the event is consumed and
 // no check is needed.
 func TestCrashAfterEndTransaction(t *testing.T) {

@@ -15,13 +15,27 @@
 // UNKNOWN; missing and older than FenceAge: fence, then what the row says).
 // A half message the broker gives up on is recovered from
 // TRANS_CHECK_MAX_TIME_TOPIC (checkback.Recovery, started by Start unless
-// disabled).
+// disabled). Start compares FenceAge with the brokers' check settings.
+//
+// One event id, one copy. Several half messages can carry one event id (a
+// retry after ErrCommitUnknown, duplicate requests racing, a retry after a
+// crash). The row records the UNIQ_KEY of the half that committed; every
+// other half is answered ROLLBACK, by its own Send and by any check, and
+// that Send reports the event as committed with Result.Duplicate set. A
+// supplied id that already has a row is answered from it without sending.
+//
+// Retries: only ErrCommitUnknown may be retried with the same event id.
+// Every other failure spends the id (its rollback is persisted, or a check
+// fences it), and a Send with a spent id returns ErrFenced; RetryAdvice
+// tells the cases apart.
 //
 // Traps of the raw client handled here: a unique instance name per
 // lifecycle and the producer's own group (clients are shared per instance
 // name; a shared one drops checks); panics recovered in both listener
 // methods; result.State read, not only err (flush/slave timeouts answer
 // ROLLBACK without running the local transaction); warm-up on Start so a
-// restarted instance receives checks before its first Send; the client's
-// check goroutine, which it never stops, is stopped on Shutdown.
+// restarted instance receives checks before its first Send, with probes the
+// client rolls back itself (answered from the listener, it logs each one as
+// an ERROR); the client's check goroutine, which it never stops, is stopped
+// on Shutdown.
 package txproducer

@@ -47,14 +47,70 @@ func Example() {
 	})
 	switch {
 	case err == nil:
-		fmt.Println("committed", res.EventID)
-	case txproducer.IsRetryable(err):
-		// Broker or database trouble; nothing committed (or, for
-		// ErrCommitUnknown, retry with res.EventID to learn the outcome).
-		time.Sleep(time.Second)
+		fmt.Println("committed", res.EventID, "duplicate:", res.Duplicate)
 	case errors.Is(err, txproducer.ErrLocalTx):
 		fmt.Println("business rule refused:", err)
+	default:
+		// RetryAdvice says which retry is safe (see ExampleRetryAdvice).
+		fmt.Println(txproducer.RetryAdvice(err))
 	}
+}
+
+// RetryAdvice says which retry is safe after a failed Send. Only an unknown
+// commit outcome is retried with the same event id: the retry learns the
+// outcome, and an event that did commit comes back as a Duplicate with no
+// second copy published. A rollback, a database or broker failure and a
+// fence spend the id, so a new attempt needs a new one (a Send with a spent
+// id returns ErrFenced); the caller's own refusal is not retried.
+func ExampleRetryAdvice() {
+	for _, err := range []error{
+		fmt.Errorf("send: %w", txproducer.ErrCommitUnknown),
+		fmt.Errorf("send: %w", txproducer.ErrDatabase),
+		fmt.Errorf("send: %w", txproducer.ErrSend),
+		fmt.Errorf("send: %w", txproducer.ErrFenced),
+		fmt.Errorf("%w: card declined", txproducer.ErrLocalTx),
+		fmt.Errorf("send: %w", txproducer.ErrEventIDConflict),
+	} {
+		fmt.Printf("%-58s -> %s\n", err, txproducer.RetryAdvice(err))
+	}
+	// Output:
+	// send: txproducer: commit outcome unknown                   -> retry with the same event id
+	// send: txproducer: database                                 -> retry with a new event id
+	// send: txproducer: send half message                        -> retry with a new event id
+	// send: txproducer: event id already rolled back             -> retry with a new event id
+	// txproducer: local transaction failed: card declined        -> do not retry
+	// send: txproducer: event id committed with a different payload -> do not retry
+}
+
+// A retry loop that follows the advice: the same id only after an unknown
+// outcome, a new id after a failure that spent it.
+func ExampleRetryAdvice_loop() {
+	send := func(id string) (txproducer.Result, error) { // stands in for p.Send
+		if id == "" {
+			return txproducer.Result{EventID: "id-1", State: txproducer.StateUnknown}, txproducer.ErrCommitUnknown
+		}
+		return txproducer.Result{EventID: id, State: txproducer.StateCommitted, Duplicate: true}, nil
+	}
+	id := ""
+	for attempt := 1; attempt <= 3; attempt++ {
+		res, err := send(id)
+		if err == nil {
+			fmt.Println("committed", res.EventID, "duplicate:", res.Duplicate)
+			return
+		}
+		switch txproducer.RetryAdvice(err) {
+		case txproducer.RetryWithSameID:
+			id = res.EventID
+		case txproducer.RetryWithNewID:
+			id = ""
+		default:
+			fmt.Println("giving up:", err)
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // back off
+	}
+	// Output:
+	// committed id-1 duplicate: true
 }
 
 // Invalid messages fail fast with typed errors, before anything is sent.

@@ -25,7 +25,11 @@ type Message struct {
 	Tags  string   // optional RocketMQ tag
 	Keys  []string // optional RocketMQ keys; the event id is always added
 	// EventID is the stable id. Empty: a new UUIDv7. Supply your own (up to
-	// 64 bytes) to retry a Send whose outcome you did not learn.
+	// 64 bytes) to retry a Send that returned ErrCommitUnknown, or to derive
+	// the id from a business key so duplicate requests collapse into one
+	// event. Any other failure spends the id (see RetryAdvice). A supplied
+	// id that already has a txlog row is answered from it before anything
+	// is sent.
 	EventID          string
 	EventType        string // required
 	EventVersion     int
@@ -69,8 +73,12 @@ type Result struct {
 	State         State
 	MsgID         string // the half message's id (UNIQ_KEY); empty if not sent
 	TransactionID string
-	// Duplicate: the event id had already committed with the same payload;
-	// the function was not run again.
+	// Duplicate: the event id was already committed with the same payload,
+	// by an earlier or a concurrent Send. State is StateCommitted and the
+	// error nil; this Send did not run the function (or rolled its effects
+	// back), and its own half message, if one was sent, was rolled back, so
+	// the event is delivered once, by the half that committed it. This is
+	// how a retry after ErrCommitUnknown learns that the event committed.
 	Duplicate bool
 }
 

@@ -67,7 +67,7 @@ func New(cfg Config) (*Producer, error) {
 		db = store.DB()
 	}
 	checker, err := checkback.New(checkback.Config{
-		Log: store, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
+		Log: halfLog{store}, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
 		Resolver: cfg.Resolver, Metrics: cfg.Metrics, Logger: cfg.Logger, OnAnswer: cfg.OnCheck,
 	})
 	if err != nil {
@@ -94,10 +94,12 @@ func (p *Producer) Log() *txlog.Store { return p.log }
 // InstanceName returns the client instance name of this lifecycle.
 func (p *Producer) InstanceName() string { return p.cfg.InstanceName }
 
-// Start connects to the name server, warms up (see Config.WarmupTopics),
-// starts discard recovery, and begins answering checks. It returns after
-// the client's first heartbeat (about one second), so checks for older
-// transactions of the group can reach this instance before its first Send.
+// Start checks FenceAge against the brokers' settings (see
+// Config.FenceAge), connects to the name server, warms up (see
+// Config.WarmupTopics), starts discard recovery, and begins answering
+// checks. It returns after the client's first heartbeat (about one second),
+// so checks for older transactions of the group can reach this instance
+// before its first Send.
 func (p *Producer) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -107,6 +109,9 @@ func (p *Producer) Start(ctx context.Context) error {
 	case stateClosed:
 		return ErrClosed
 	}
+	if err := p.checkBrokerSettings(ctx); err != nil {
+		return err
+	}
 	rmqlog.Install(p.cfg.Logger)
 	tp, err := rocketmq.NewTransactionProducer(&listener{p: p},
 		producer.WithGroupName(p.cfg.Group),
@@ -114,6 +119,7 @@ func (p *Producer) Start(ctx context.Context) error {
 		producer.WithNsResolver(primitive.NewPassthroughResolver(p.cfg.NameServer)),
 		producer.WithSendMsgTimeout(p.cfg.SendTimeout),
 		producer.WithRetry(p.cfg.SendRetries),
+		producer.WithInterceptor(probeRollback),
 	)
 	if err != nil {
 		return fmt.Errorf("txproducer: create client: %w", err)
@@ -159,14 +165,30 @@ func (p *Producer) probe(ctx context.Context, tp rocketmq.TransactionProducer, t
 	m.WithProperty(checkback.PropProbe, "1")
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.SendTimeout*time.Duration(1+p.cfg.SendRetries))
 	defer cancel()
-	res, err := tp.SendMessageInTransaction(ctx, m)
-	if err != nil {
+	// The client learned the topic's brokers when err is nil, whatever the
+	// status: a stored probe is always ended with ROLLBACK (probeRollback).
+	if _, err := tp.SendMessageInTransaction(ctx, m); err != nil {
 		return fmt.Errorf("%w: warm-up probe on %s: %w", ErrSend, topic, err)
 	}
-	if res.Status != primitive.SendOK {
-		return wrapf(ErrSend, "warm-up probe on %s: broker status %d", topic, res.Status)
-	}
 	return nil
+}
+
+// probeRollback is a send interceptor that makes the client end a stored
+// warm-up probe with ROLLBACK without calling the listener. For any
+// local-transaction answer but COMMIT the client logs an ERROR carrying the
+// whole message ("executeLocalTransaction but state unexpected"), so
+// answering the probe from the listener made every healthy Start log an
+// error. For a half whose send reports a flush timeout the client answers
+// ROLLBACK itself, silently; the probe's result is reported that way. Real
+// Sends pass through untouched, and a failed probe send stays an error.
+func probeRollback(ctx context.Context, req, reply any, next primitive.Invoker) error {
+	err := next(ctx, req, reply)
+	m, _ := req.(*primitive.Message)
+	r, _ := reply.(*primitive.SendResult)
+	if err == nil && m != nil && r != nil && r.Status == primitive.SendOK && m.GetProperty(checkback.PropProbe) != "" {
+		r.Status = primitive.SendFlushDiskTimeout
+	}
+	return err
 }
 
 // call carries one Send's closure and outcome through the client's
@@ -175,6 +197,8 @@ type call struct {
 	ctx   context.Context
 	fn    LocalTxFunc
 	row   txlog.Row
+	props map[string]string // the envelope properties, stored with the row
+	half  string            // UNIQ_KEY of this Send's half message
 	ran   bool
 	state State
 	dup   bool
@@ -223,14 +247,20 @@ func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	keys := append(append([]string{}, msg.Keys...), id)
 	rm.WithKeys(keys)
 
-	propJSON, _ := json.Marshal(props)
-	c := &call{ctx: ctx, fn: fn, state: StateRolledBack, row: txlog.Row{
+	c := &call{ctx: ctx, fn: fn, props: props, state: StateRolledBack, row: txlog.Row{
 		EventID: id, ProducerGroup: p.cfg.Group, Topic: msg.Topic, Tags: msg.Tags, Keys: strings.Join(keys, " "),
 		EventType: msg.EventType, State: txlog.StateCommitted, PayloadHash: props[envelope.PropPayloadHash],
-		Properties: string(propJSON), BusinessKey: msg.BusinessKey, ResolvedBy: txlog.ByLocalCommit,
+		BusinessKey: msg.BusinessKey, ResolvedBy: txlog.ByLocalCommit,
 	}}
 	if !p.cfg.DisablePayloadStorage {
 		c.row.Payload = msg.Payload
+	}
+	if msg.EventID != "" && p.decided(ctx, c) {
+		// A retry of an id with a decision: answered from the txlog, with
+		// no half message and without running fn.
+		p.count(msg.EventType, c)
+		res.State, res.Duplicate = c.state, c.dup
+		return res, c.err
 	}
 	p.calls.Store(rm, c)
 	defer p.calls.Delete(rm)
@@ -238,46 +268,86 @@ func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	sr, err := tp.SendMessageInTransaction(ctx, rm)
 	failpoint.Inject(failpoint.AfterEndTransaction)
 	if err != nil {
-		p.count(msg.EventType, "error")
-		return res, fmt.Errorf("%w: %s: %w", ErrSend, msg.Topic, err)
+		c.err = fmt.Errorf("%w: %s: %w", ErrSend, msg.Topic, err)
+		p.count(msg.EventType, c)
+		return res, c.err
 	}
 	res.MsgID = sr.MsgID
 	res.TransactionID = sr.TransactionID
 	if !c.ran {
 		// The client answers ROLLBACK without running the local transaction
 		// on a flush or slave timeout; err is nil then.
-		p.count(msg.EventType, "error")
-		return res, wrapf(ErrSend, "%s: broker status %d; local transaction not run", msg.Topic, sr.Status)
+		c.err = wrapf(ErrSend, "%s: broker status %d; local transaction not run", msg.Topic, sr.Status)
+		p.count(msg.EventType, c)
+		return res, c.err
 	}
 	res.State, res.Duplicate = c.state, c.dup
-	switch c.state {
-	case StateCommitted:
-		p.count(msg.EventType, "committed")
-	case StateRolledBack:
-		if errors.Is(c.err, ErrLocalTx) {
-			p.count(msg.EventType, "rolled_back")
-		} else {
-			p.count(msg.EventType, "error")
-		}
-	default:
-		p.count(msg.EventType, "unknown")
-	}
+	p.count(msg.EventType, c)
 	return res, c.err
 }
 
-func (p *Producer) count(eventType, result string) {
-	if m := p.cfg.Metrics; m != nil {
-		m.ProducerSends.WithLabelValues(p.cfg.Group, eventType, result).Inc()
+// count records a Send's outcome: committed, duplicate (committed by an
+// earlier or concurrent Send), rolled_back (the caller's function), unknown,
+// or error.
+func (p *Producer) count(eventType string, c *call) {
+	m := p.cfg.Metrics
+	if m == nil {
+		return
+	}
+	result := "error"
+	switch {
+	case c.dup:
+		result = "duplicate"
+	case c.state == StateCommitted:
+		result = "committed"
+	case c.state == StateUnknown:
+		result = "unknown"
+	case errors.Is(c.err, ErrLocalTx):
+		result = "rolled_back"
+	}
+	m.ProducerSends.WithLabelValues(p.cfg.Group, eventType, result).Inc()
+}
+
+// decided looks up a caller-supplied event id before anything is sent. It
+// reports true, with c's outcome set, when the id already has a row. Not
+// found, or a failed lookup, sends as usual: the local transaction's
+// insert-first decides then.
+func (p *Producer) decided(ctx context.Context, c *call) bool {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.CheckTimeout)
+	defer cancel()
+	row, err := p.log.Get(ctx, c.row.EventID)
+	if err != nil {
+		return false
+	}
+	p.existing(c, row)
+	return true
+}
+
+// existing sets c's outcome from the row another Send left for its event
+// id. A committed event with the same payload is this Send's success too
+// (Duplicate): the half that committed it delivers it, so this Send must
+// not publish a second copy.
+func (p *Producer) existing(c *call, row txlog.Row) {
+	switch {
+	case row.State == txlog.StateRolledBack:
+		c.state, c.err = StateRolledBack, wrapf(ErrFenced, "%s (resolved by %s)", row.EventID, row.ResolvedBy)
+	case row.PayloadHash != c.row.PayloadHash:
+		c.state, c.err = StateRolledBack, wrapf(ErrEventIDConflict, "%s", row.EventID)
+		p.cfg.Logger.WithField("event_id", row.EventID).Warn("txproducer: event id reused with a different payload")
+	default:
+		c.state, c.dup, c.err = StateCommitted, true, nil
 	}
 }
 
 // runLocal is the local transaction: BEGIN; INSERT txlog row; fn; COMMIT.
 // It returns the answer for the broker, which is always backed by the txlog
-// (COMMIT: our row committed; ROLLBACK: a ROLLED_BACK row is persisted;
-// otherwise UNKNOWN and the check decides).
-func (p *Producer) runLocal(c *call) primitive.LocalTransactionState {
+// (COMMIT: our row committed; ROLLBACK: a ROLLED_BACK row is persisted, or
+// the row is another half's; otherwise UNKNOWN and the check decides).
+func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionState {
 	failpoint.Inject(failpoint.AfterHalfMessage)
 	c.ran = true
+	c.half = half
+	c.row.Properties = rowProperties(c.props, half)
 	l := p.cfg.Logger.WithField("event_id", c.row.EventID)
 	if h := p.cfg.Test.BeforeLocalTx; h != nil {
 		h(c.ctx, c.row.EventID)
@@ -297,7 +367,7 @@ func (p *Producer) runLocal(c *call) primitive.LocalTransactionState {
 	if err := p.log.Insert(ctx, tx, c.row); err != nil {
 		_ = tx.Rollback()
 		if errors.Is(err, txlog.ErrDuplicate) {
-			return p.duplicate(c, l)
+			return p.duplicate(c)
 		}
 		c.err = fmt.Errorf("%w: %w", ErrDatabase, err)
 		return p.rollback(c, l)
@@ -314,6 +384,21 @@ func (p *Producer) runLocal(c *call) primitive.LocalTransactionState {
 	failpoint.Inject(failpoint.AfterLocalCommit)
 	c.state = StateCommitted
 	return primitive.CommitMessageState
+}
+
+// rowProperties is the JSON of the envelope properties plus the half's
+// UNIQ_KEY, which tells the checks which half committed (see halfLog).
+func rowProperties(props map[string]string, half string) string {
+	if half != "" {
+		withHalf := make(map[string]string, len(props)+1)
+		for k, v := range props {
+			withHalf[k] = v
+		}
+		withHalf[primitive.PropertyUniqueClientMessageIdKeyIndex] = half
+		props = withHalf
+	}
+	b, _ := json.Marshal(props)
+	return string(b)
 }
 
 func callFn(ctx context.Context, fn LocalTxFunc, tx *sqlx.Tx) (err error) {
@@ -344,36 +429,30 @@ func (p *Producer) rollback(c *call, l logrus.FieldLogger) primitive.LocalTransa
 		l.WithError(err).Warn("txproducer: could not persist the rollback; answering UNKNOWN, a check will fence")
 		return primitive.UnkonwnState
 	}
-	if row.State == txlog.StateCommitted && row.PayloadHash == c.row.PayloadHash {
-		// Another Send with this id committed the same event meanwhile.
-		return primitive.CommitMessageState
+	if row.State == txlog.StateCommitted && row.PayloadHash == c.row.PayloadHash && !errors.Is(c.err, ErrLocalTx) {
+		// Another Send with this id committed the same event meanwhile: the
+		// event is committed, and that Send's half delivers it.
+		c.state, c.dup, c.err = StateCommitted, true, nil
 	}
 	return primitive.RollbackMessageState
 }
 
-// duplicate handles an event id that already has a row.
-func (p *Producer) duplicate(c *call, l logrus.FieldLogger) primitive.LocalTransactionState {
+// duplicate handles an event id that already has a row: another half
+// decided it, so this half is rolled back whatever the row says (a
+// committed event is delivered by the half that committed it).
+func (p *Producer) duplicate(c *call) primitive.LocalTransactionState {
 	ctx, cancel := p.shortCtx()
 	defer cancel()
 	row, err := p.log.Get(ctx, c.row.EventID)
 	if err != nil {
-		c.state, c.err = StateUnknown, fmt.Errorf("%w: read existing row: %w", ErrDatabase, err)
-		return primitive.UnkonwnState
-	}
-	switch {
-	case row.State == txlog.StateRolledBack:
-		c.state, c.err = StateRolledBack, wrapf(ErrFenced, "%s (resolved by %s)", row.EventID, row.ResolvedBy)
+		// The row exists, so this half is not the one that committed it: a
+		// check answers ROLLBACK for it (halfLog). The caller learns the
+		// outcome by sending the same id again.
+		c.state, c.err = StateUnknown, fmt.Errorf("%w: event id exists, its row could not be read: %w", ErrCommitUnknown, err)
 		return primitive.RollbackMessageState
-	case row.PayloadHash != c.row.PayloadHash:
-		c.state, c.err = StateRolledBack, wrapf(ErrEventIDConflict, "%s", row.EventID)
-		l.Warn("txproducer: event id reused with a different payload")
-		return primitive.RollbackMessageState
-	default:
-		// A retry of an event that already committed: same answer a check
-		// would give. Consumers deduplicate the second copy.
-		c.state, c.dup = StateCommitted, true
-		return primitive.CommitMessageState
 	}
+	p.existing(c, row)
+	return primitive.RollbackMessageState
 }
 
 // commitFailed learns the outcome of a COMMIT that returned an error by
@@ -391,6 +470,11 @@ func (p *Producer) commitFailed(c *call, l logrus.FieldLogger, cerr error) primi
 		return primitive.UnkonwnState
 	}
 	if row.State == txlog.StateCommitted {
+		if b := committedHalf(row); b != "" && b != c.half {
+			// Our commit failed and another Send committed the id.
+			p.existing(c, row)
+			return primitive.RollbackMessageState
+		}
 		c.state = StateCommitted
 		return primitive.CommitMessageState
 	}
@@ -476,10 +560,10 @@ func (l *listener) ExecuteLocalTransaction(m *primitive.Message) (st primitive.L
 	}()
 	v, ok := l.p.calls.Load(m)
 	if !ok {
-		// A warm-up probe (or a message we did not send): roll back.
+		// Not a Send of ours (probes never get here, see probeRollback).
 		return primitive.RollbackMessageState
 	}
-	return l.p.runLocal(v.(*call))
+	return l.p.runLocal(v.(*call), m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
 }
 
 func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.LocalTransactionState) {
@@ -489,5 +573,5 @@ func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.
 			st = primitive.UnkonwnState
 		}
 	}()
-	return l.p.checker.Check(context.Background(), m).Decision.LocalTransactionState()
+	return l.p.checker.Check(withHalf(context.Background(), m), m).Decision.LocalTransactionState()
 }

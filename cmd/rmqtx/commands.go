@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/archive"
@@ -49,7 +51,9 @@ func newFlags(name string, stderr io.Writer, o *options, env func(string) string
 	return fs
 }
 
-// open connects to the database. Errors never contain the DSN.
+// open connects to the database. The config goes to the driver as a
+// connector, never as a DSN string, so no DSN exists to end up in an error;
+// errors name only the database, address and user.
 func open(ctx context.Context, o *options) (*sqlx.DB, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -58,10 +62,11 @@ func open(ctx context.Context, o *options) (*sqlx.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := sqlx.Open("mysql", c.FormatDSN())
+	conn, err := mysql.NewConnector(c)
 	if err != nil {
 		return nil, fmt.Errorf("open database at %s: %w", c.Addr, err)
 	}
+	db := sqlx.NewDb(sql.OpenDB(conn), "mysql")
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("connect to database %s at %s as %s: %w", c.DBName, c.Addr, c.User, err)
@@ -74,7 +79,7 @@ func (o *options) inspector(db *sqlx.DB, lookup bool) (*inspect.Inspector, error
 	if err != nil {
 		return nil, err
 	}
-	cfg := inspect.Config{DB: db, TablePrefix: o.prefix, Redact: inspect.ShowPrefix(o.redactPrefix), Now: now}
+	cfg := inspect.Config{DB: db, TablePrefix: o.prefix, Redact: o.payloadRedactor(), Now: now}
 	if lookup && (len(o.nameServers()) > 0 || o.broker != "") {
 		cfg.Broker = inspect.RemotingLookup{NameServer: o.nameServers(), Brokers: splitList(o.broker)}
 	}
@@ -131,7 +136,7 @@ func anyParked(rows []inspect.DeadLetterRow) bool {
 func cmdConfig(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
 	var o options
 	fs := newFlags("config", stderr, &o, env)
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	if err := o.validate(); err != nil {
@@ -141,14 +146,15 @@ func cmdConfig(ctx context.Context, args []string, env func(string) string, stdo
 	if err != nil {
 		return 0, err
 	}
-	v := map[string]any{"dsn": maskedDSN(c), "namesrv": o.nameServers(), "broker": splitList(o.broker), "table_prefix": o.prefix, "redact_prefix": o.redactPrefix}
+	v := map[string]any{"dsn": maskedDSN(c), "namesrv": o.nameServers(), "broker": splitList(o.broker), "table_prefix": o.prefix,
+		"payloads": o.payloadMode()}
 	return exitOK, o.output(stdout, v, func() error {
 		w := newTable(stdout)
 		w.row("dsn", maskedDSN(c))
 		w.row("namesrv", strings.Join(o.nameServers(), ","))
 		w.row("broker", strings.Join(splitList(o.broker), ","))
 		w.row("table prefix", o.prefix)
-		w.row("redact prefix", strconv.Itoa(o.redactPrefix))
+		w.row("payloads", o.payloadMode())
 		return w.flush()
 	})
 }
@@ -156,7 +162,7 @@ func cmdConfig(ctx context.Context, args []string, env func(string) string, stdo
 func cmdMigrate(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
 	var o options
 	fs := newFlags("migrate", stderr, &o, env)
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
@@ -209,7 +215,7 @@ func cmdInspect(ctx context.Context, args []string, env func(string) string, std
 	key := fs.String("business-key", "", "inspect every event of this business key")
 	noBroker := fs.Bool("no-broker", false, "skip the broker lookup (done when a name server or broker is configured)")
 	limit := fs.Int("limit", 20, "at most this many events for --business-key")
-	pos, err := parse(fs, args)
+	pos, err := o.parse(fs, args)
 	if err != nil {
 		return 0, err
 	}
@@ -269,7 +275,7 @@ func cmdStuck(ctx context.Context, args []string, env func(string) string, stdou
 	fs := newFlags("stuck", stderr, &o, env)
 	older := fs.Duration("older-than", time.Minute, "only work older than this")
 	limit := fs.Int("limit", 100, "at most this many rows per table")
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	return o.withInspector(ctx, false, func(ctx context.Context, in *inspect.Inspector) (int, error) {
@@ -339,7 +345,7 @@ func cmdDeadList(ctx context.Context, args []string, env func(string) string, st
 	fs := newFlags("dead list", stderr, &o, env)
 	var sf selectorFlags
 	sf.register(fs, true)
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	sel, err := sf.selector()
@@ -363,7 +369,7 @@ func cmdDeadList(ctx context.Context, args []string, env func(string) string, st
 func cmdDeadShow(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
 	var o options
 	fs := newFlags("dead show", stderr, &o, env)
-	pos, err := parse(fs, args)
+	pos, err := o.parse(fs, args)
 	if err != nil {
 		return 0, err
 	}
@@ -398,7 +404,7 @@ func cmdReplay(ctx context.Context, args []string, env func(string) string, stdo
 	stopAfter := fs.Int("stop-after", 10, "stop once this many new dead letters appear (negative: never)")
 	reason := fs.String("reason", "", "why (required; stored in the audit row)")
 	operator := fs.String("operator", env("USER"), "who (required; default $USER)")
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	sel, err := sf.selector()
@@ -467,7 +473,7 @@ func cmdArchive(ctx context.Context, args []string, env func(string) string, std
 	fs.DurationVar(&cfg.OutboxDeadRetention, "outbox-dead-retention", archive.DefaultOutboxDeadRetention, "outbox DEAD retention (min 24h)")
 	fs.DurationVar(&cfg.ConsumeLogRetention, "consume-log-retention", archive.DefaultConsumeLogRetention, "consume log retention (min 72h, >= dead-letter retention)")
 	fs.DurationVar(&cfg.DeadLetterRetention, "dead-letter-retention", archive.DefaultDeadLetterRetention, "REPLAYED/DISCARDED dead-letter retention (min 24h)")
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	for _, t := range splitList(*tables) {
@@ -503,7 +509,7 @@ func cmdArchive(ctx context.Context, args []string, env func(string) string, std
 func cmdStats(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
 	var o options
 	fs := newFlags("stats", stderr, &o, env)
-	if _, err := parse(fs, args); err != nil {
+	if _, err := o.parse(fs, args); err != nil {
 		return 0, err
 	}
 	return o.withInspector(ctx, false, func(ctx context.Context, in *inspect.Inspector) (int, error) {

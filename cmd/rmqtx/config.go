@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,31 +27,102 @@ type options struct {
 	prefix       string
 	json         bool
 	redactPrefix int
+	showPayload  bool
 	now          string
 	timeout      time.Duration
+
+	env   func(string) string
+	binds []envBind
 }
 
-func envOr(env func(string) string, k, def string) string {
-	if v := env(k); v != "" {
-		return v
-	}
-	return def
+// envBind ties a flag to the environment variable that fills it when the
+// flag is not given.
+type envBind struct {
+	flag, env string
+	dst       *string
 }
 
-// register adds the shared flags to fs with defaults from the environment.
+// register adds the shared flags to fs. Environment values are applied
+// after parsing (see parse), never as flag defaults: the flag package prints
+// defaults in -h and on every usage error, and RMQTX_DSN and
+// RMQTX_MYSQL_PASSWORD hold a password. Help says only whether a variable is
+// set, never its value.
 func (o *options) register(fs *flag.FlagSet, env func(string) string) {
-	fs.StringVar(&o.dsn, "dsn", env("RMQTX_DSN"), "MySQL DSN (user:password@tcp(host:port)/db); env RMQTX_DSN")
-	fs.StringVar(&o.mysqlAddr, "mysql-addr", envOr(env, "RMQTX_MYSQL_ADDR", "127.0.0.1:3306"), "MySQL address when no DSN; env RMQTX_MYSQL_ADDR")
-	fs.StringVar(&o.mysqlUser, "mysql-user", envOr(env, "RMQTX_MYSQL_USER", "root"), "MySQL user; env RMQTX_MYSQL_USER")
-	fs.StringVar(&o.mysqlPass, "mysql-password", env("RMQTX_MYSQL_PASSWORD"), "MySQL password; env RMQTX_MYSQL_PASSWORD (prefer the env)")
-	fs.StringVar(&o.mysqlDB, "mysql-database", env("RMQTX_MYSQL_DATABASE"), "MySQL database; env RMQTX_MYSQL_DATABASE")
-	fs.StringVar(&o.nameServer, "namesrv", env("RMQTX_NAMESRV"), "name server addresses, comma separated; env RMQTX_NAMESRV (no default: always explicit)")
-	fs.StringVar(&o.broker, "broker", env("RMQTX_BROKER"), "broker addresses for lookups, comma separated (default: from the name server's route); env RMQTX_BROKER")
-	fs.StringVar(&o.prefix, "table-prefix", envOr(env, "RMQTX_TABLE_PREFIX", "rmqtx_"), "table prefix; env RMQTX_TABLE_PREFIX")
+	o.env = env
+	str := func(dst *string, name, def, envName, usage string) {
+		if env(envName) != "" {
+			usage += " [" + envName + " is set]"
+		}
+		fs.StringVar(dst, name, def, usage)
+		o.binds = append(o.binds, envBind{name, envName, dst})
+	}
+	str(&o.dsn, "dsn", "", "RMQTX_DSN", "MySQL DSN (user:password@tcp(host:port)/db); env RMQTX_DSN (prefer the env: arguments are visible to other users)")
+	str(&o.mysqlAddr, "mysql-addr", "127.0.0.1:3306", "RMQTX_MYSQL_ADDR", "MySQL address when no DSN; env RMQTX_MYSQL_ADDR")
+	str(&o.mysqlUser, "mysql-user", "root", "RMQTX_MYSQL_USER", "MySQL user; env RMQTX_MYSQL_USER")
+	str(&o.mysqlPass, "mysql-password", "", "RMQTX_MYSQL_PASSWORD", "MySQL password; env RMQTX_MYSQL_PASSWORD (prefer the env)")
+	str(&o.mysqlDB, "mysql-database", "", "RMQTX_MYSQL_DATABASE", "MySQL database; env RMQTX_MYSQL_DATABASE")
+	str(&o.nameServer, "namesrv", "", "RMQTX_NAMESRV", "name server addresses, comma separated; env RMQTX_NAMESRV (no default: always explicit)")
+	str(&o.broker, "broker", "", "RMQTX_BROKER", "broker addresses for lookups, comma separated (default: from the name server's route); env RMQTX_BROKER")
+	str(&o.prefix, "table-prefix", "rmqtx_", "RMQTX_TABLE_PREFIX", "table prefix; env RMQTX_TABLE_PREFIX")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
-	fs.IntVar(&o.redactPrefix, "redact-prefix", inspect.DefaultPrefixLen, "payload bytes shown before masking (0: sizes only)")
+	fs.IntVar(&o.redactPrefix, "redact-prefix", 0, "RISKY: show this many leading payload bytes (default 0: payload sizes only)")
+	fs.BoolVar(&o.showPayload, "show-payload", false, "RISKY: show payloads in clear (card numbers, addresses, ... reach your screen and logs)")
 	fs.StringVar(&o.now, "now", "", "pretend the current time is this RFC 3339 instant (ages, cutoffs; for reproducible output)")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "overall timeout")
+}
+
+// parse parses fs (flags and positional arguments in any order), then fills
+// the flags not given from the environment. The flag package's own output
+// (help, and the usage after a bad flag) goes to fs's output; its copy of the
+// error does not, since run prints the error, scrubbed of secrets.
+func (o *options) parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	out := fs.Output()
+	var buf bytes.Buffer
+	fs.SetOutput(&buf)
+	pos, err := parse(fs, args)
+	fs.SetOutput(out)
+	text := buf.String()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		// The flag package printed the error line first, then the usage.
+		if _, rest, ok := strings.Cut(text, "\n"); ok {
+			text = rest
+		}
+	}
+	fmt.Fprint(out, text)
+	if err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, b := range o.binds {
+		if v := o.env(b.env); v != "" && !set[b.flag] {
+			*b.dst = v
+		}
+	}
+	return pos, nil
+}
+
+// payloadRedactor is what the operator chose to see of payloads: sizes only
+// unless they opted out.
+func (o *options) payloadRedactor() inspect.Redactor {
+	switch {
+	case o.showPayload:
+		return inspect.Clear()
+	case o.redactPrefix > 0:
+		return inspect.ShowPrefix(o.redactPrefix)
+	}
+	return inspect.Hidden()
+}
+
+// payloadMode describes payloadRedactor for config.
+func (o *options) payloadMode() string {
+	switch {
+	case o.showPayload:
+		return "shown in clear (--show-payload)"
+	case o.redactPrefix > 0:
+		return fmt.Sprintf("first %d bytes shown (--redact-prefix)", o.redactPrefix)
+	}
+	return "hidden (sizes only)"
 }
 
 var errUsage = errors.New("usage")
@@ -67,8 +139,7 @@ func (o *options) mysqlConfig() (*mysql.Config, error) {
 		var err error
 		c, err = mysql.ParseDSN(o.dsn)
 		if err != nil {
-			// The driver's message does not quote the DSN; ours does not either.
-			return nil, usageErr("cannot parse the DSN: %v", err)
+			return nil, usageErr("cannot parse the DSN (want user:password@tcp(host:port)/database?param=value): %s", dsnProblem(err))
 		}
 	} else {
 		c = mysql.NewConfig()
@@ -87,6 +158,16 @@ func (o *options) mysqlConfig() (*mysql.Config, error) {
 		c.Timeout = 5 * time.Second
 	}
 	return c, nil
+}
+
+// dsnProblem is the driver's parse error if it is one of its fixed texts.
+// Its other errors quote parts of the DSN (a malformed DSN without "@" has
+// "user:password" quoted as the network name), so they are not shown.
+func dsnProblem(err error) string {
+	if s := err.Error(); strings.HasPrefix(s, "invalid DSN: ") {
+		return strings.TrimPrefix(s, "invalid DSN: ")
+	}
+	return "malformed"
 }
 
 // maskedDSN is the DSN with the password replaced: the only form ever printed.

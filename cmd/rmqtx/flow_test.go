@@ -36,7 +36,9 @@ func TestRunbookFlow(t *testing.T) {
 	testenv.CreateTopic(t, topic, 2)
 	group := testenv.Name(t, "points")
 	var fixed atomic.Bool
-	c, err := consumer.New(consumer.Config{ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Routes: map[string]consumer.Route{
+	// KeepPayload: the dead letter keeps the payload so that it can be
+	// replayed (dead letters store none by default).
+	c, err := consumer.New(consumer.Config{ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
 		"OrderPaid": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
 			if !fixed.Load() {
 				return consumer.Permanent(errors.New("points service rejects order"))

@@ -10,13 +10,18 @@
 //	rmqtx stats
 //	rmqtx config
 //
-// Output is a table for humans, or JSON with --json. Payloads are always
-// redacted (--redact-prefix N shows the first N bytes, 0 only sizes); a DSN
-// password is never printed.
+// Output is a table for humans, or JSON with --json. Payloads are hidden
+// (sizes only) unless the operator opts out: --redact-prefix N shows the
+// first N bytes, --show-payload everything; both are risky, since what is on
+// the screen ends up in terminals' scrollback, tickets and chat.
 //
 // Configuration: --dsn or RMQTX_DSN, else RMQTX_MYSQL_ADDR / _USER /
 // _PASSWORD / _DATABASE; RMQTX_NAMESRV (comma separated, never defaulted),
 // RMQTX_BROKER (optional broker addresses for lookups), RMQTX_TABLE_PREFIX.
+// A flag wins over its variable. No password is ever printed: not by -h or
+// a usage error (environment values are not flag defaults; help says only
+// which variables are set), not by config (the DSN is masked), not in an
+// error.
 //
 // Exit codes:
 //
@@ -34,6 +39,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -66,12 +72,15 @@ commands:
   stats                         row counts per table, status and group
   config                        the effective configuration (password masked)
 
+payloads are hidden (sizes only); --redact-prefix N or --show-payload show them (risky).
+
 run 'rmqtx <command> -h' for the flags of a command.
 exit codes: 0 ok, 1 findings, 2 usage, 3 runtime error.
 `
 
 // run is main without the process: tests call it directly.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	sec := collectSecrets(args, env)
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usageText)
 		if len(args) == 0 {
@@ -80,6 +89,11 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		return exitOK
 	}
 	cmd, rest := args[0], args[1:]
+	if strings.HasPrefix(cmd, "-") {
+		// Not echoed: it may be --dsn=... or --mysql-password=...
+		fmt.Fprintf(stderr, "rmqtx: the command comes first, its flags after it\n\n%s", usageText)
+		return exitUsage
+	}
 	if cmd == "dead" {
 		if len(rest) == 0 {
 			fmt.Fprintln(stderr, "rmqtx: dead needs a subcommand: list or show")
@@ -89,17 +103,17 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	}
 	c, ok := commands[cmd]
 	if !ok {
-		fmt.Fprintf(stderr, "rmqtx: unknown command %q\n\n%s", cmd, usageText)
+		fmt.Fprintf(stderr, "rmqtx: unknown command %q\n\n%s", sec.scrub(cmd), usageText)
 		return exitUsage
 	}
 	code, err := c(ctx, rest, env, stdout, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "rmqtx %s: %v\n", cmd, err)
-		switch {
-		case errors.Is(err, errUsage):
+		if errors.Is(err, errHelp) {
+			return exitOK // the flag package printed the help
+		}
+		fmt.Fprintf(stderr, "rmqtx %s: %s\n", cmd, sec.scrub(err.Error()))
+		if errors.Is(err, errUsage) {
 			return exitUsage
-		case errors.Is(err, errHelp):
-			return exitOK
 		}
 		return exitRuntime
 	}

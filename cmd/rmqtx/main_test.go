@@ -149,6 +149,15 @@ func TestGolden(t *testing.T) {
 			require.NotContains(t, r.stdout+r.stderr, "Secret Lane", "payload content is redacted")
 		})
 	}
+	// Payloads are hidden unless the operator opts out, explicitly.
+	r = runCLI(env, "inspect", "--redact-prefix", "8", "--now", now, id)
+	require.Contains(t, r.stdout, `{"order"… <45 bytes>`, r.stderr)
+	require.NotContains(t, r.stdout, "4111111111111111")
+	r = runCLI(env, "dead", "show", "--show-payload", "1")
+	require.Contains(t, r.stdout, `{"order":"order-1","card":"4111111111111111"}`, r.stderr)
+	r = runCLI(env, "config", "--show-payload")
+	require.Contains(t, r.stdout, "shown in clear")
+
 	// Archive for real removes the one old SENT outbox row only.
 	r = runCLI(env, "archive", "--now", now, "--outbox-retention", "24h")
 	require.Equal(t, 0, r.code, r.stderr)

@@ -40,6 +40,7 @@ func TestEndToEnd(t *testing.T) {
 	rep := res.Report
 	require.True(t, res.Quiescent, "every derived result caught up")
 	require.True(t, rep.OK(), "discrepancies: %+v", rep.Discrepancies)
+	require.Zero(t, rep.Stuck, "`rmqtx stuck` lists nothing once quiescent (no attempt row of an applied event)")
 	require.Zero(t, res.Driver.Unexpected, "every callback got the expected answer")
 
 	// Payments and callbacks.
@@ -105,5 +106,16 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, 1, realMain([]string{"reconcile", "-db", name}, &stdout, &stderr))
 	require.Contains(t, stdout.String(), "payment SUCCESS without points (1)")
 	require.Contains(t, stdout.String(), "points balance differs from the ledger (1)")
+
+	// ... and an attempt row left behind for an applied event, which
+	// `rmqtx stuck` would list as RETRYING.
+	var applied string
+	require.NoError(t, db.Get(&applied, `SELECT event_id FROM rmqtx_consume_log WHERE consumer_group = ? LIMIT 1`, NamesFor(cfg.RunID).PointsGroup))
+	_, err = db.Exec(`INSERT INTO rmqtx_consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
+		VALUES (?, ?, 1, 'transient', 'left behind', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, NamesFor(cfg.RunID).PointsGroup, applied)
+	require.NoError(t, err)
+	stdout.Reset()
+	require.Equal(t, 1, realMain([]string{"reconcile", "-db", name}, &stdout, &stderr))
+	require.Contains(t, stdout.String(), "unfinished work listed by rmqtx stuck (1): RETRYING "+NamesFor(cfg.RunID).PointsGroup+"/"+applied)
 	t.Log("\n" + strings.TrimSpace(stdout.String()))
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/inspect"
 )
 
 // Report is the result of a reconciliation: what each side holds, and every
@@ -28,6 +31,7 @@ type Report struct {
 	DeadLetters     int // parked consumer dead letters
 	OutboxDead      int // DEAD rows in the three outboxes
 	OutboxOpen      int // rows not yet SENT in the three outboxes
+	Stuck           int // rows `rmqtx stuck` lists (consumes being retried, parked dead letters)
 
 	Discrepancies []Discrepancy
 }
@@ -48,6 +52,7 @@ type Tables struct {
 	DeadLetter string   // the consumers' dead-letter table
 	Outboxes   []string // the outbox tables
 	Groups     []string // the consumer groups of this run (empty: all)
+	Prefix     string   // the rmqtx tables' prefix, for the stuck query (default "rmqtx_")
 }
 
 // Reconcile compares the payments marked SUCCESS with the points credited,
@@ -162,13 +167,54 @@ func Reconcile(ctx context.Context, db *sqlx.DB, t Tables) (Report, error) {
 	if r.OutboxOpen > 0 {
 		r.Discrepancies = append(r.Discrepancies, Discrepancy{Check: "outbox rows not yet sent", Count: r.OutboxOpen})
 	}
+	stuck, err := stuckRows(ctx, db, t)
+	if err != nil {
+		return r, err
+	}
+	r.Stuck = len(stuck)
+	if len(stuck) > 0 {
+		d := Discrepancy{Check: "unfinished work listed by rmqtx stuck", Count: len(stuck)}
+		for _, s := range stuck[:min(5, len(stuck))] {
+			d.IDs = append(d.IDs, s.Status+" "+s.Where+"/"+s.EventID)
+		}
+		r.Discrepancies = append(r.Discrepancies, d)
+	}
 	return r, nil
+}
+
+// stuckRows runs the query behind `rmqtx stuck` (inspect.Inspector.Stuck)
+// with no minimum age: once the run is quiescent nothing may be unfinished,
+// for instance no attempt row left behind by an event that was applied.
+// Consumer rows of other groups are left out when t.Groups is set; tables
+// the demo does not have (the default outbox) are skipped by the inspector.
+func stuckRows(ctx context.Context, db *sqlx.DB, t Tables) ([]inspect.StuckRow, error) {
+	prefix := t.Prefix
+	if prefix == "" {
+		prefix = rmqtxPrefix
+	}
+	in, err := inspect.New(inspect.Config{DB: db, TablePrefix: prefix, Redact: inspect.Hidden()})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: stuck: %w", err)
+	}
+	rows, _, err := in.Stuck(ctx, 0, 1000)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: stuck: %w", err)
+	}
+	consumerTables := map[string]bool{prefix + "consume_attempt": true, prefix + "dead_letter": true}
+	var out []inspect.StuckRow
+	for _, r := range rows {
+		if len(t.Groups) > 0 && consumerTables[r.Table] && !slices.Contains(t.Groups, r.Where) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // Print writes the report for humans.
 func (r Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "reconciliation: %d payments SUCCESS | %d txlog COMMITTED | %d points rows | %d notifications | %d SMS keys at the gateway | %d/%d projection rows match\n",
-		r.Succeeded, r.TxlogCommitted, r.PointsRows, r.Notifications, r.SMSKeys, r.ProjectionMatch, r.Orders)
+	fmt.Fprintf(w, "reconciliation: %d payments SUCCESS | %d txlog COMMITTED | %d points rows | %d notifications | %d SMS keys at the gateway | %d/%d projection rows match | %d stuck\n",
+		r.Succeeded, r.TxlogCommitted, r.PointsRows, r.Notifications, r.SMSKeys, r.ProjectionMatch, r.Orders, r.Stuck)
 	if r.OK() {
 		fmt.Fprintln(w, "reconciliation: OK, 0 discrepancies")
 		return

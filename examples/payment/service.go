@@ -363,7 +363,12 @@ func (s *Service) callback(r *http.Request) (CallbackResponse, error) {
 			return CallbackResponse{}, fmt.Errorf("local transaction failed: %w", err)
 		default:
 			// Broker or database trouble, or an unknown commit outcome: the
-			// gateway retries, and the retry learns the outcome (same id).
+			// gateway retries the callback. With ErrCommitUnknown
+			// (txproducer.RetryAdvice says RetryWithSameID) the retry's Send
+			// of the same derived id learns the outcome from the txlog. After
+			// ErrSend or ErrDatabase (RetryWithNewID) that id may be spent:
+			// the retry gets ErrFenced for it and the loop above moves on to
+			// the next derived id.
 			return CallbackResponse{}, fmt.Errorf("publish: %w", err)
 		}
 	}

@@ -42,7 +42,7 @@ func PrintSummary(w io.Writer, r Result) {
 		line("warning", "the consumers had not caught up when the wait ended")
 	}
 	if rep.OK() {
-		line("reconciliation", "OK: 0 discrepancies (payments SUCCESS = points = notifications = SMS delivered; projection = orders)")
+		line("reconciliation", "OK: 0 discrepancies (payments SUCCESS = points = notifications = SMS delivered; projection = orders; nothing stuck)")
 	} else {
 		line("reconciliation", "FAILED: %d discrepancies", len(rep.Discrepancies))
 		for _, x := range rep.Discrepancies {

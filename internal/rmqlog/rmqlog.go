@@ -1,11 +1,17 @@
 // Package rmqlog routes rocketmq-client-go's global logger (rlog) into a
 // logrus.FieldLogger. The client's logger is process-wide; rmqtx installs a
 // quiet adapter once, and a caller may route it to their own logger.
+//
+// The client logs whole messages, bodies included (every rolled-back local
+// transaction is logged at error level with its message), so the adapter
+// scrubs bodies, byte slices and property values from every message and
+// field it forwards, at every level (I10): see Scrub.
 package rmqlog
 
 import (
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 	"github.com/sirupsen/logrus"
@@ -27,32 +33,71 @@ func OrQuiet(l logrus.FieldLogger) logrus.FieldLogger {
 	return l
 }
 
-type adapter struct{ l logrus.FieldLogger }
+// adapter forwards the client's log calls to the current target, every
+// message and field scrubbed of message bodies and property values first
+// (see Scrub).
+type adapter struct{}
 
-func (a adapter) Debug(msg string, f map[string]interface{}) { a.l.WithFields(f).Debug(msg) }
-func (a adapter) Info(msg string, f map[string]interface{})  { a.l.WithFields(f).Debug(msg) }
-func (a adapter) Warning(msg string, f map[string]interface{}) {
-	a.l.WithFields(f).Warn(msg)
+// target is the logger the adapter forwards to. rlog's logger is a plain
+// global the client's goroutines read without synchronisation, so it is set
+// once (to the adapter) and Route swaps this pointer instead.
+type target struct{ l logrus.FieldLogger }
+
+var current atomic.Pointer[target]
+
+// log scrubs and forwards one line, unless the target would drop it: the
+// client logs at debug on every pull, and scrubbing costs reflection.
+func (adapter) log(level logrus.Level, msg string, f map[string]interface{}) {
+	t := current.Load()
+	if t == nil || !enabled(t.l, level) {
+		return
+	}
+	msg, fields := Scrub(msg, f)
+	t.l.WithFields(fields).Log(level, msg)
 }
-func (a adapter) Error(msg string, f map[string]interface{}) { a.l.WithFields(f).Error(msg) }
+
+// enabled reports whether l logs at level, when l can tell.
+func enabled(l logrus.FieldLogger, level logrus.Level) bool {
+	switch x := l.(type) {
+	case *logrus.Logger:
+		return x.IsLevelEnabled(level)
+	case *logrus.Entry:
+		return x.Logger == nil || x.Logger.IsLevelEnabled(level)
+	}
+	return true
+}
+
+func (a adapter) Debug(msg string, f map[string]interface{}) { a.log(logrus.DebugLevel, msg, f) }
+
+// Info is mapped to Debug: the client's Info is chatty (one line per rebalance).
+func (a adapter) Info(msg string, f map[string]interface{}) { a.log(logrus.DebugLevel, msg, f) }
+
+func (a adapter) Warning(msg string, f map[string]interface{}) { a.log(logrus.WarnLevel, msg, f) }
+
+func (a adapter) Error(msg string, f map[string]interface{}) { a.log(logrus.ErrorLevel, msg, f) }
 
 // Fatal is logged as an error: library code never exits the process.
-func (a adapter) Fatal(msg string, f map[string]interface{}) { a.l.WithFields(f).Error(msg) }
-func (a adapter) Level(string)                               {}
-func (a adapter) OutputPath(string) error                    { return nil }
+func (a adapter) Fatal(msg string, f map[string]interface{}) { a.log(logrus.ErrorLevel, msg, f) }
+
+func (a adapter) Level(string)            {}
+func (a adapter) OutputPath(string) error { return nil }
 
 var once sync.Once
+
+func setAdapter() { once.Do(func() { rlog.SetLogger(adapter{}) }) }
 
 // Install routes rlog to l (quiet when nil). The client's logger is global,
 // so only the first call in a process takes effect; later producers and
 // consumers reuse it. Call Route to replace it deliberately.
 func Install(l logrus.FieldLogger) {
-	once.Do(func() { rlog.SetLogger(adapter{OrQuiet(l)}) })
+	current.CompareAndSwap(nil, &target{OrQuiet(l)})
+	setAdapter()
 }
 
-// Route replaces the client's global logger unconditionally. The client's
-// Info level is chatty (one line per rebalance), so it is mapped to Debug.
+// Route replaces the client's global logger unconditionally, safely while
+// clients are running. The client's Info level is chatty (one line per
+// rebalance), so it is mapped to Debug.
 func Route(l logrus.FieldLogger) {
-	once.Do(func() {})
-	rlog.SetLogger(adapter{OrQuiet(l)})
+	current.Store(&target{OrQuiet(l)})
+	setAdapter()
 }

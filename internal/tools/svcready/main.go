@@ -1,12 +1,12 @@
-// Command svcready waits until a RocketMQ name server and broker are usable:
-// the broker is registered with the name server under the expected loopback
-// address, and a message sent through the name server's route is stored
-// (SEND_OK). scripts/services.sh runs it after starting or restarting the
+// Command svcready waits until a RocketMQ name server and its brokers are
+// usable: every broker is registered with the name server under the expected
+// loopback address, and a message sent to a queue of that broker, through
+// the name server's route, is stored (SEND_OK). scripts/services.sh runs it after starting or restarting the
 // broker. One process polls every 300 ms until the deadline; the former
 // check started a JVM (mqadmin) per attempt, which on a loaded 2-core
 // machine took longer than the broker itself to start.
 //
-//	go run ./internal/tools/svcready -namesrv 127.0.0.1:9876 -broker 127.0.0.1:10911 -timeout 180s
+//	go run ./internal/tools/svcready -namesrv 127.0.0.1:9876 -broker broker-a=127.0.0.1:10911 [-broker broker-b=127.0.0.1:11011] -timeout 180s
 //
 // Exit status 0 when usable, 1 with the last error when the deadline passes.
 package main
@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
@@ -28,26 +29,49 @@ import (
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 )
 
-const probeTopic = "RMQTX_SELFTEST"
+// probeTopic is one topic per broker: a topic that exists on one broker is
+// routed to that broker only, so a shared probe topic could never reach a
+// second broker. A new topic is routed through TBW102 (autoCreateTopicEnable)
+// and created on the broker that stores the send.
+func probeTopic(broker string) string { return "RMQTX_SELFTEST_" + broker }
+
+// brokerFlags collects -broker name=addr.
+type brokerFlags map[string]string
+
+func (b brokerFlags) String() string { return fmt.Sprint(map[string]string(b)) }
+func (b brokerFlags) Set(v string) error {
+	name, addr, ok := strings.Cut(v, "=")
+	if !ok || name == "" || addr == "" {
+		return fmt.Errorf("want name=host:port, got %q", v)
+	}
+	b[name] = addr
+	return nil
+}
 
 func main() {
 	ns := flag.String("namesrv", "127.0.0.1:9876", "name server address")
-	broker := flag.String("broker", "127.0.0.1:10911", "the broker address that must be registered")
+	brokers := brokerFlags{}
+	flag.Var(brokers, "broker", "name=host:port of a broker that must be usable (repeatable; default broker-a=127.0.0.1:10911)")
 	timeout := flag.Duration("timeout", 180*time.Second, "give up after this long")
 	flag.Parse()
+	if len(brokers) == 0 {
+		brokers["broker-a"] = "127.0.0.1:10911"
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	start := time.Now()
-	stage, err := wait(ctx, *ns, *broker)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "svcready: %s not reached after %s: %v\n", stage, time.Since(start).Round(time.Second), err)
-		os.Exit(1)
+	for name, addr := range brokers {
+		stage, err := wait(ctx, *ns, name, addr)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "svcready: %s %s: %s not reached after %s: %v\n", name, addr, stage, time.Since(start).Round(time.Second), err)
+			os.Exit(1)
+		}
+		fmt.Printf("svcready: %s %s usable after %s\n", name, addr, time.Since(start).Round(100*time.Millisecond))
 	}
-	fmt.Printf("svcready: broker %s usable after %s\n", *broker, time.Since(start).Round(100*time.Millisecond))
 }
 
 // wait returns the stage it was in and the last error when ctx ends first.
-func wait(ctx context.Context, ns, broker string) (string, error) {
+func wait(ctx context.Context, ns, name, broker string) (string, error) {
 	rmqlog.Install(nil) // the client's own logs stay quiet
 	tick := time.NewTicker(300 * time.Millisecond)
 	defer tick.Stop()
@@ -72,10 +96,12 @@ func wait(ctx context.Context, ns, broker string) (string, error) {
 			return "broker registered with the name server", err
 		}
 	}
-	// 2. Usable: a send through the route is stored.
+	// 2. Usable: a send to a queue of this broker, through the route, is
+	// stored.
 	p, err := rocketmq.NewProducer(
 		producer.WithGroupName("rmqtx-svcready"),
-		producer.WithInstanceName(fmt.Sprintf("svcready-%d", os.Getpid())),
+		producer.WithInstanceName(fmt.Sprintf("svcready-%d-%s", os.Getpid(), name)),
+		producer.WithQueueSelector(producer.NewManualQueueSelector()),
 		producer.WithNsResolver(primitive.NewPassthroughResolver([]string{ns})),
 		producer.WithSendMsgTimeout(3*time.Second),
 		producer.WithRetry(0),
@@ -88,12 +114,14 @@ func wait(ctx context.Context, ns, broker string) (string, error) {
 	}
 	defer func() { _ = p.Shutdown() }()
 	for {
-		res, err := p.SendSync(ctx, primitive.NewMessage(probeTopic, []byte("ping")))
-		if err == nil && res.Status == primitive.SendOK {
+		msg := primitive.NewMessage(probeTopic(name), []byte("ping"))
+		msg.Queue = &primitive.MessageQueue{Topic: probeTopic(name), BrokerName: name, QueueId: 0}
+		res, err := p.SendSync(ctx, msg)
+		if err == nil && res.Status == primitive.SendOK && res.MessageQueue != nil && res.MessageQueue.BrokerName == name {
 			return "", nil
 		}
 		if err == nil {
-			err = fmt.Errorf("send status %d", res.Status)
+			err = fmt.Errorf("send status %d to %v", res.Status, res.MessageQueue)
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return "a stored send", err

@@ -1,0 +1,117 @@
+//go:build failpoints
+
+package checkback_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+const (
+	envRecoveryHelper = "RMQTX_RECOVERY_HELPER"
+	envRecoveryDB     = "RMQTX_RECOVERY_HELPER_DB"
+	envRecoveryGroup  = "RMQTX_RECOVERY_HELPER_GROUP"
+)
+
+// TestHelperProcessRecovery is not a test: TestRecoveryCrashAfterRepublish
+// re-executes the test binary to run recovery in a process that the armed
+// failpoint kills with SIGKILL right after its republish.
+func TestHelperProcessRecovery(t *testing.T) {
+	if os.Getenv(envRecoveryHelper) != "1" {
+		return // only meaningful as the child process
+	}
+	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envRecoveryDB)))
+	require.NoError(t, err)
+	defer db.Close()
+	store, err := txlog.New(db, txlog.DefaultPrefix)
+	require.NoError(t, err)
+	r, err := checkback.NewRecovery(checkback.RecoveryConfig{
+		NameServer: []string{testenv.Load().NameServer}, Group: os.Getenv(envRecoveryGroup), Log: store,
+		StartRetry: 500 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	watchdog, cancel := context.WithTimeout(context.Background(), discardWait)
+	defer cancel()
+	<-watchdog.Done()
+	t.Fatal("recovery helper was not killed by the failpoint")
+}
+
+// Recovery killed between the republish and MarkRecovered: the next pass
+// (another instance of the group) gets the unacknowledged discarded half
+// again, publishes it a second time and marks the txlog row. The event is
+// on the topic twice; an rmqtx consumer applies its business effect once
+// (its dedup absorbs the second copy).
+func TestRecoveryCrashAfterRepublish(t *testing.T) {
+	t.Parallel()
+	b := newDiscardBed(t)
+	ctx := context.Background()
+	_, err := b.db.Exec("CREATE TABLE effects (event_id VARCHAR(64) NOT NULL, PRIMARY KEY (event_id))")
+	require.NoError(t, err)
+	require.NoError(t, consumer.Migrate(ctx, b.db, ""))
+	c, err := consumer.New(consumer.Config{
+		ProcessorConfig: consumer.ProcessorConfig{Group: testenv.Name(t, "cg"), DB: b.db,
+			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+				_, err := tx.ExecContext(ctx, "INSERT INTO effects (event_id) VALUES (?)", ev.ID)
+				return err
+			}}}},
+		NameServer: []string{b.s.NameServer}, Topic: b.topic,
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	t.Cleanup(func() { _ = c.Close() })
+
+	id := b.sendHalf(t, commitRow)
+	cctx, cancel := context.WithTimeout(ctx, 2*discardWait)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, os.Args[0], "-test.run=^TestHelperProcessRecovery$", "-test.count=1")
+	cmd.Env = append(os.Environ(),
+		envRecoveryHelper+"=1",
+		failpoint.EnvVar+"="+failpoint.AfterRepublish,
+		envRecoveryDB+"="+testenv.DBName(t, b.db),
+		envRecoveryGroup+"="+b.group,
+	)
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	require.True(t, errors.As(err, &exitErr), "child: %v\n%s", err, out)
+	ws, ok := exitErr.Sys().(syscall.WaitStatus)
+	require.True(t, ok)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die by the failpoint's SIGKILL, got %v\n%s", err, out)
+
+	// The child published the event and died before marking the row.
+	require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "the first republish is on the topic")
+	row := b.row(t, id)
+	require.Equal(t, txlog.StateCommitted, row.State)
+	require.Empty(t, row.RecoveryDecision, "not marked: the crash came first")
+
+	// The next pass.
+	_, res, m := b.startRecovery(t, b.store, nil)
+	res.wait(t, 60*time.Second, "republished on the next pass", decided(id, txlog.RecoveryRepublished))
+	require.Equal(t, txlog.RecoveryRepublished, b.row(t, id).RecoveryDecision, "marked on the next pass")
+	require.Zero(t, undecided(m, b.group))
+	require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] >= 2 }), "the second copy is on the topic")
+	snap := b.settle(t)
+	require.Equal(t, 2, snap.Counts[id], "one copy per pass")
+
+	testenv.Eventually(t, 60*time.Second, "the second copy absorbed as a dedup hit", func() bool {
+		return c.Processor().Stats().Duplicates >= 1
+	})
+	var effects int
+	require.NoError(t, b.db.Get(&effects, "SELECT COUNT(*) FROM effects WHERE event_id = ?", id))
+	require.Equal(t, 1, effects, "one business effect")
+	t.Logf("crash after republish: copies=%d effects=%d dedup_hits=%d", snap.Counts[id], effects, c.Processor().Stats().Duplicates)
+}

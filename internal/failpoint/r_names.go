@@ -1,0 +1,8 @@
+package failpoint
+
+// Named points of discard recovery (package checkback).
+const (
+	// AfterRepublish: recovery republished a discarded half's committed
+	// event, the txlog row is not yet marked REPUBLISHED.
+	AfterRepublish = "recovery.after-republish"
+)

@@ -1,0 +1,103 @@
+package txproducer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/txproducer"
+)
+
+func captureLogger() (*logrus.Logger, *test.Hook) {
+	l, hook := test.NewNullLogger()
+	l.SetLevel(logrus.TraceLevel)
+	return l, hook
+}
+
+// Start reads the real broker's check settings (transactionTimeOut 3 s,
+// transactionCheckInterval 2 s, transactionCheckMax 5 on the test bed:
+// FenceAge must stay below 3 + 4x2 - 2 = 9 s). The default 60 s does not
+// fit: without recovery Start refuses it with a typed config error, with
+// recovery it starts and warns; the tests' 4 s fits silently.
+func TestStartChecksFenceAgeAgainstBroker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	cfg := b.config()
+	cfg.FenceAge = 0 // the default
+	p, err := txproducer.New(cfg)
+	require.NoError(t, err)
+	err = p.Start(ctx)
+	require.ErrorIs(t, err, txproducer.ErrConfig)
+	var bse *txproducer.BrokerSettingsError
+	require.ErrorAs(t, err, &bse)
+	require.Equal(t, b.s.Broker, bse.Broker)
+	require.Equal(t, txproducer.DefaultFenceAge, bse.FenceAge)
+	require.Equal(t, 3*time.Second, bse.TransactionTimeOut)
+	require.Equal(t, 2*time.Second, bse.CheckInterval)
+	require.Equal(t, 5, bse.CheckMax)
+	require.Equal(t, 9*time.Second, bse.MaxFenceAge())
+	require.Contains(t, err.Error(), "FenceAge 1m0s")
+	require.NoError(t, p.Shutdown(ctx), "a refused Start leaves nothing to stop")
+
+	warned := func(hook *test.Hook) []*logrus.Entry {
+		var out []*logrus.Entry
+		for _, e := range hook.AllEntries() {
+			if e.Level <= logrus.WarnLevel && strings.Contains(e.Message, "FenceAge") {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+
+	l, hook := captureLogger()
+	cfg.Logger, cfg.DisableRecovery, cfg.RecoveryStartRetry = l, false, time.Second
+	startProducer(t, cfg)
+	w := warned(hook)
+	require.Len(t, w, 1, "one warning for the one broker")
+	require.Equal(t, logrus.WarnLevel, w[0].Level)
+	require.Equal(t, b.s.Broker, w[0].Data["broker"])
+	require.Contains(t, w[0].Message, "FenceAge 1m0s does not fit")
+	require.Contains(t, w[0].Message, "FenceAge < 9s")
+
+	l, hook = captureLogger()
+	cfg = b.config()
+	cfg.Group, cfg.Logger = testenv.Name(t, "pg"), l
+	startProducer(t, cfg)
+	require.Empty(t, warned(hook), "FenceAge %s fits the broker", cfg.FenceAge)
+}
+
+// A healthy Start logs no error, neither from rmqtx nor from the client:
+// the warm-up probe used to be rolled back by the listener, and the client
+// logs every such answer at error level. (Not parallel: it routes the
+// client's process-wide logger to its own hook while it runs.)
+func TestHealthyStartLogsNoError(t *testing.T) {
+	b := setup(t, 1)
+	l, hook := captureLogger()
+	rmqlog.Route(l)
+	t.Cleanup(func() { rmqlog.Route(nil) })
+	cfg := b.config()
+	cfg.Logger = l
+	cfg.WarmupTopics = []string{b.topic, b.topic + "_second"}
+	testenv.CreateTopic(t, cfg.WarmupTopics[1], 1)
+	p := startProducer(t, cfg)
+	require.NotEmpty(t, hook.AllEntries(), "the client's logger is routed here")
+	for _, e := range hook.AllEntries() {
+		require.Greater(t, e.Level, logrus.ErrorLevel, "a healthy Start logged at %s: %s %v", e.Level, e.Message, e.Data)
+	}
+
+	// A committed Send logs no error either, and is consumed.
+	b.sendMarker(t, p)
+	for _, e := range hook.AllEntries() {
+		require.Greater(t, e.Level, logrus.ErrorLevel, "a committed Send logged at %s: %s %v", e.Level, e.Message, e.Data)
+	}
+}

@@ -116,6 +116,13 @@ func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 	// An earlier instance of the recovery group that answered RetryLater
 	// once for each of them: the broker re-stores them through its delay
 	// queue into the retry topic.
+	// On a fresh broker DiscardTopic exists only once the broker has
+	// discarded a first half (it creates the topic then), and a push
+	// consumer cannot start on a topic without a route.
+	testenv.Eventually(t, discardWait, "the broker created "+checkback.DiscardTopic, func() bool {
+		_, err := remoting.MasterBrokers(context.Background(), []string{b.s.NameServer}, 0, checkback.DiscardTopic)
+		return err == nil
+	})
 	var mu sync.Mutex
 	bounced := map[string]bool{}
 	pc, err := rocketmq.NewPushConsumer(

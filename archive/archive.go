@@ -10,13 +10,16 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
-// DefaultTablePrefix is the prefix of every rmqtx table unless configured.
-const DefaultTablePrefix = "rmqtx_"
+// DefaultTablePrefix is the prefix of every rmqtx table unless configured:
+// the one rmqtx default (internal/sqlname).
+const DefaultTablePrefix = sqlname.DefaultPrefix
 
 // Default retentions (see the package documentation for why they are safe).
 const (
@@ -39,12 +42,12 @@ const (
 // Table names one archivable table (without prefix).
 type Table string
 
-// The archivable tables.
+// The archivable tables, named by their owners.
 const (
-	Txlog      Table = "txlog"
-	Outbox     Table = "outbox"
-	ConsumeLog Table = "consume_log"
-	DeadLetter Table = "dead_letter"
+	Txlog      Table = txlog.TableSuffix
+	Outbox     Table = outbox.TableSuffix
+	ConsumeLog Table = consumer.ConsumeLogTable
+	DeadLetter Table = consumer.DeadLetterTable
 )
 
 // AllTables is the default Tables, in the order they are processed.
@@ -170,24 +173,36 @@ type spec struct {
 	rules []rule
 }
 
+// specs say which rows are terminal, in the owners' column names and states
+// (the in-flight states, never listed here, are never removed: I9).
 var specs = map[Table]spec{
-	Txlog: {pk: []string{"event_id"}, rules: []rule{{
-		name: "COMMITTED/ROLLED_BACK", where: "state IN ('COMMITTED', 'ROLLED_BACK') AND resolved_at < ?", cutoffs: 1,
-		orderBy: "resolved_at", retention: func(c Config) time.Duration { return c.TxlogRetention }}}},
-	Outbox: {pk: []string{"event_id"}, rules: []rule{
-		{name: "SENT", where: "status = 'SENT' AND updated_at < ?", cutoffs: 1, orderBy: "updated_at",
-			retention: func(c Config) time.Duration { return c.OutboxRetention }},
-		{name: "DEAD", where: "status = 'DEAD' AND updated_at < ?", cutoffs: 1, orderBy: "updated_at",
-			retention: func(c Config) time.Duration { return c.OutboxDeadRetention }},
+	Txlog: {pk: []string{txlog.ColEventID}, rules: []rule{{
+		name:  string(txlog.StateCommitted) + "/" + string(txlog.StateRolledBack),
+		where: in(txlog.ColState, string(txlog.StateCommitted), string(txlog.StateRolledBack)) + " AND " + txlog.ColResolvedAt + " < ?", cutoffs: 1,
+		orderBy: txlog.ColResolvedAt, retention: func(c Config) time.Duration { return c.TxlogRetention }}}},
+	Outbox: {pk: []string{outbox.ColEventID}, rules: []rule{
+		{name: string(outbox.StatusSent), where: in(outbox.ColStatus, string(outbox.StatusSent)) + " AND " + outbox.ColUpdatedAt + " < ?", cutoffs: 1,
+			orderBy: outbox.ColUpdatedAt, retention: func(c Config) time.Duration { return c.OutboxRetention }},
+		{name: string(outbox.StatusDead), where: in(outbox.ColStatus, string(outbox.StatusDead)) + " AND " + outbox.ColUpdatedAt + " < ?", cutoffs: 1,
+			orderBy: outbox.ColUpdatedAt, retention: func(c Config) time.Duration { return c.OutboxDeadRetention }},
 	}},
-	ConsumeLog: {pk: []string{"consumer_group", "event_id"}, rules: []rule{{
-		name: "SUCCESS/STALE", where: "status IN ('SUCCESS', 'STALE') AND updated_at < ?", cutoffs: 1, orderBy: "updated_at",
-		retention: func(c Config) time.Duration { return c.ConsumeLogRetention }}}},
-	DeadLetter: {pk: []string{"id"}, rules: []rule{{
-		name:    "REPLAYED/DISCARDED",
-		where:   "status IN ('REPLAYED', 'DISCARDED') AND COALESCE(resolved_at, replayed_at, last_seen_at) < ? AND last_seen_at < ?",
-		cutoffs: 2, orderBy: "id",
+	ConsumeLog: {pk: []string{consumer.ColConsumerGroup, consumer.ColEventID}, rules: []rule{{
+		name:  consumer.StatusApplied + "/" + consumer.StatusStale,
+		where: in(consumer.ColStatus, consumer.StatusApplied, consumer.StatusStale) + " AND " + consumer.ColUpdatedAt + " < ?", cutoffs: 1,
+		orderBy: consumer.ColUpdatedAt, retention: func(c Config) time.Duration { return c.ConsumeLogRetention }}}},
+	DeadLetter: {pk: []string{consumer.ColID}, rules: []rule{{
+		name: consumer.DeadLetterReplayed + "/" + consumer.DeadLetterDiscarded,
+		where: in(consumer.ColStatus, consumer.DeadLetterReplayed, consumer.DeadLetterDiscarded) +
+			" AND COALESCE(" + consumer.ColResolvedAt + ", " + consumer.ColReplayedAt + ", " + consumer.ColLastSeenAt + ") < ? AND " +
+			consumer.ColLastSeenAt + " < ?",
+		cutoffs: 2, orderBy: consumer.ColID,
 		retention: func(c Config) time.Duration { return c.DeadLetterRetention }}}},
+}
+
+// in renders "col IN ('A', 'B')" for the owners' state constants (never
+// user input: values from outside are always bound).
+func in(col string, states ...string) string {
+	return col + " IN ('" + strings.Join(states, "', '") + "')"
 }
 
 // RuleReport is what happened (or would happen) under one rule.

@@ -10,8 +10,10 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -186,6 +188,10 @@ type Config struct {
 	// OnAnswer, when set, is called after every answer, on the check
 	// goroutine; it must be fast. Default none.
 	OnAnswer func(Answer)
+	// TracerProvider traces check answers: a span (otelx.SpanCheck) that
+	// is a child of the trace context the half message carries, so it joins
+	// the trace of the Send. Default nil: no tracing, no cost.
+	TracerProvider trace.TracerProvider
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -219,7 +225,10 @@ func (c Config) validate() error {
 }
 
 // Checker answers transaction checks for one producer group.
-type Checker struct{ cfg Config }
+type Checker struct {
+	cfg Config
+	tr  *otelx.Tracer // nil: tracing off
+}
 
 // New returns a Checker.
 func New(cfg Config) (*Checker, error) {
@@ -227,7 +236,7 @@ func New(cfg Config) (*Checker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Checker{cfg: cfg}, nil
+	return &Checker{cfg: cfg, tr: otelx.New(cfg.TracerProvider)}, nil
 }
 
 // FenceAge returns the configured fence age.
@@ -244,7 +253,10 @@ func (c *Checker) Check(ctx context.Context, m *primitive.MessageExt) Answer {
 		c.finish(&a, c.cfg.Now())
 		return a
 	}
-	return c.CheckQuery(ctx, QueryFromMessage(m))
+	ctx, sp := c.tr.StartFromMessage(ctx, &m.Message, otelx.SpanCheck, trace.SpanKindServer, otelx.Attrs{Group: c.cfg.Group})
+	a := c.CheckQuery(ctx, QueryFromMessage(m))
+	endCheck(sp, a)
+	return a
 }
 
 // CheckQuery answers a check described by q.

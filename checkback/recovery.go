@@ -18,9 +18,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
@@ -234,6 +236,11 @@ type RecoveryConfig struct {
 	// Publisher overrides the republish producer (tests). Default: a
 	// producer created and owned by the Recovery.
 	Publisher Publisher
+	// TracerProvider traces republishes: a span (otelx.SpanRepublish) that
+	// is a child of the trace context stored with the txlog row (the Send's),
+	// and whose context the republished message carries. Default nil: no
+	// tracing, no cost (the stored trace context is still passed on).
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns a copy of c with defaults filled in.
@@ -302,6 +309,7 @@ var errStopped = errors.New("checkback: recovery stopped")
 // Recovery consumes DiscardTopic for one producer group.
 type Recovery struct {
 	cfg RecoveryConfig
+	tr  *otelx.Tracer // nil: tracing off
 
 	mu       sync.Mutex
 	started  bool
@@ -326,7 +334,7 @@ func NewRecovery(cfg RecoveryConfig) (*Recovery, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Recovery{cfg: cfg, pub: cfg.Publisher, busy: map[string]chan struct{}{}, stop: make(chan struct{}),
+	return &Recovery{cfg: cfg, tr: otelx.New(cfg.TracerProvider), pub: cfg.Publisher, busy: map[string]chan struct{}{}, stop: make(chan struct{}),
 		runCtx: ctx, cancel: cancel, loopDone: make(chan struct{}), running: make(chan struct{})}, nil
 }
 
@@ -683,7 +691,10 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 		}
 		sctx, scancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
 		defer scancel()
+		sctx, sp := r.tr.StartFromMessage(sctx, msg, otelx.SpanRepublish, trace.SpanKindProducer, otelx.Attrs{Destination: row.Topic, Group: r.cfg.Group})
+		r.tr.InjectMessage(sctx, msg)
 		sr, err := r.pub.SendSync(sctx, msg)
+		sp.EndSend(sr, err)
 		if err != nil {
 			return res, fmt.Errorf("checkback: republish %s: %w", q.EventID, err)
 		}

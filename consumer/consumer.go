@@ -34,10 +34,18 @@ type Config struct {
 	Topic string
 	// Selector filters by tag or SQL92; default all messages.
 	Selector rmq.MessageSelector
-	// BatchSize is the client's ConsumeMessageBatchMaxSize. Default 1. Above
-	// 1 each message still gets its own transaction and outcome; messages to
-	// retry are re-sent to the group's retry topic one by one (see doc.go).
+	// BatchSize is the client's ConsumeMessageBatchMaxSize: the most
+	// messages of one queue handed over at once. Default 1, or
+	// DefaultBatchTxSize (16) with BatchTransaction. Above 1 each message
+	// gets its own outcome; messages to retry are re-sent to the group's
+	// retry topic one by one (see doc.go).
 	BatchSize int
+	// BatchTransaction (opt-in) makes the messages handed over at once share
+	// one database transaction: one multi-row dedup insert, each handler in
+	// its own SAVEPOINT (a failing event rolls back alone), one COMMIT, then
+	// the ACK (see Processor.ProcessBatch). Default false: one transaction
+	// per message.
+	BatchTransaction bool
 	// Goroutines is the client's ConsumeGoroutineNums. Default 20.
 	Goroutines int
 	// FromLatest makes a new group start at the end of the topic. Default
@@ -60,6 +68,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 1
+		if c.BatchTransaction {
+			c.BatchSize = DefaultBatchTxSize
+		}
 	}
 	if c.Goroutines <= 0 {
 		c.Goroutines = 20
@@ -283,6 +294,9 @@ func (c *Consumer) onMessages(ctx context.Context, msgs ...*primitive.MessageExt
 		return rmq.ConsumeRetryLater, nil
 	}
 	defer c.leave()
+	if c.cfg.BatchTransaction && len(msgs) > 1 {
+		return consumeTxBatch(ctx, c.proc, c.resend, msgs)
+	}
 	return consumeBatch(ctx, c.proc.Process, c.resend, msgs)
 }
 
@@ -301,6 +315,16 @@ type processFunc func(context.Context, Message) Outcome
 //     if a re-send fails, the whole batch is handed back (siblings then come
 //     back as dedup hits: their effect still never runs twice).
 func consumeBatch(ctx context.Context, process processFunc, rs resender, msgs []*primitive.MessageExt) (rmq.ConsumeResult, error) {
+	outs := make([]Outcome, len(msgs))
+	for i, m := range msgs {
+		outs[i] = process(ctx, MessageFromExt(m))
+	}
+	return settle(ctx, rs, msgs, outs)
+}
+
+// settle answers the client for msgs given their outcomes (see
+// consumeBatch).
+func settle(ctx context.Context, rs resender, msgs []*primitive.MessageExt, outs []Outcome) (rmq.ConsumeResult, error) {
 	cc, _ := primitive.GetConcurrentlyCtx(ctx)
 	setDelay := func(level int) {
 		if cc != nil {
@@ -312,9 +336,8 @@ func consumeBatch(ctx context.Context, process processFunc, rs resender, msgs []
 		level int
 	}
 	var retries []retry
-	for _, m := range msgs {
-		o := process(ctx, MessageFromExt(m))
-		if !o.Ack() {
+	for i, m := range msgs {
+		if o := outs[i]; !o.Ack() {
 			retries = append(retries, retry{m, max(o.DelayLevel, 1)})
 		}
 	}

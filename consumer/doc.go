@@ -70,6 +70,22 @@
 // again. Only if that re-send fails is the whole batch handed back, and the
 // siblings then come back as dedup hits.
 //
+// Batch mode (opt-in, Config.BatchTransaction; BatchSize then defaults to
+// DefaultBatchTxSize, 16): the messages handed over at once (one queue) share
+// one transaction (Processor.ProcessBatch): BEGIN; one multi-row INSERT
+// IGNORE of their dedup rows; per event, in order, a SAVEPOINT, the version
+// guard and the handler; COMMIT; then the ACK. A failing event is rolled back
+// to its savepoint with its dedup row and retried or parked alone; its
+// neighbours commit. The insert's row count decides the common cases in one
+// statement (all new; all known, whose hashes one locking read returns); a
+// batch mixing both is decided per event with the single-mode statement.
+// Every message is first checked as Process checks it, and the dedup cache
+// answers known redeliveries. A crash between the COMMIT and the ACK
+// redelivers the batch as dedup hits.
+//
+// Every statement of the package is prepared once per pooled connection
+// (internal/stmtcache), so each costs one round trip with any DSN.
+//
 // Call Migrate (or Processor.Migrate) once before starting; table names take
 // a validated prefix, "rmqtx_" by default.
 package consumer

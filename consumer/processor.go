@@ -17,10 +17,13 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/metrics"
 )
 
@@ -79,6 +82,9 @@ type Route struct {
 	// Version overrides ProcessorConfig.VersionMode for this type. Default
 	// VersionInherit.
 	Version VersionMode
+	// Adopt, when set, applies messages of this type (by tag) that carry no
+	// RMQTX_EVENT_ID, instead of ProcessorConfig.Adopt. See Adoption.
+	Adopt *Adoption
 }
 
 // ProcessorConfig configures the idempotent processing core.
@@ -97,6 +103,11 @@ type ProcessorConfig struct {
 	Routes map[string]Route
 	// UnknownType is the policy for types without a route. Default UnknownPark.
 	UnknownType UnknownTypePolicy
+	// Adopt, when set, applies messages that other clients wrote without
+	// rmqtx's envelope: the event id from a property, the keys or UNIQ_KEY,
+	// the type from the tag (see Adoption, WIRE.md). Default nil: a message
+	// without RMQTX_EVENT_ID is parked as malformed.
+	Adopt *Adoption
 	// VersionMode is the guard for events that carry an aggregate type and a
 	// version > 0. Default VersionStrict (I6: a gap is waited for, not
 	// skipped). Use VersionMonotonic when producers may skip versions.
@@ -144,6 +155,11 @@ type ProcessorConfig struct {
 	Metrics *metrics.Metrics
 	// Logger receives warnings (parked messages) and debug lines. Default quiet.
 	Logger logrus.FieldLogger
+	// TracerProvider traces Process: a consume span (otelx.SpanConsume) that
+	// is a child of the trace context the message carries (traceparent,
+	// WIRE.md), with the event id and type, the outcome and the failure
+	// class; the handler runs inside it. Default nil: no tracing, no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // RedactPayload is the default ProcessorConfig.Redact: a dead letter stores
@@ -241,6 +257,9 @@ func (c ProcessorConfig) validate() error {
 	if c.UnknownType != UnknownPark && c.UnknownType != UnknownIgnore {
 		return bad("unknown UnknownTypePolicy %d", c.UnknownType)
 	}
+	if err := c.validateAdoption(); err != nil {
+		return err
+	}
 	_, err := newTables(c.TablePrefix)
 	return err
 }
@@ -301,7 +320,12 @@ type Processor struct {
 	t     tables
 	q     queries
 	cache *dedupCache // nil when disabled
-	dups  dupWindow
+	// stmts keeps the processor's statements prepared: one round trip each
+	// whatever the DSN (package stmtcache).
+	stmts *stmtcache.Cache
+	// batchQueries are the batch mode's statements per batch size (batch.go).
+	batchQueries batchSQL
+	dups         dupWindow
 	// failed holds the ids this process saw fail (their attempt rows are
 	// deleted with their success or dedup hit).
 	failed *failedSet
@@ -311,6 +335,8 @@ type Processor struct {
 	stats   struct {
 		applied, duplicates, conflicts, stale, gaps, retries, parked, ignored atomic.Int64
 	}
+	// tr traces Process (tracing.go); nil when tracing is off.
+	tr *otelx.Tracer
 }
 
 type queries struct {
@@ -329,7 +355,8 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 		return nil, err
 	}
 	t, _ := newTables(cfg.TablePrefix)
-	p := &Processor{cfg: cfg, db: cfg.DB, t: t, cache: newDedupCache(cfg.DedupCacheSize), failed: newFailedSet(failedSetSize)}
+	p := &Processor{cfg: cfg, db: cfg.DB, t: t, cache: newDedupCache(cfg.DedupCacheSize), failed: newFailedSet(failedSetSize),
+		tr: otelx.New(cfg.TracerProvider)}
 	p.q = queries{
 		// On a duplicate key the row is locked and changed (the change is
 		// rolled back at once), so the statement reports 2 rows affected
@@ -362,6 +389,8 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	for i, v := range isolationVars {
 		p.q.preRead[i] = "SELECT request_hash AS h, @@SESSION." + v + " AS iso FROM " + t.log + " WHERE consumer_group = ? AND event_id = ?"
 	}
+	p.stmts = stmtcache.New(cfg.DB)
+	stmtcache.CloseWith(p, p.stmts)
 	return p, nil
 }
 
@@ -423,14 +452,12 @@ func (p *Processor) loadFailed(ctx context.Context) error {
 // DeadLetters returns a store over this processor's dead-letter table.
 func (p *Processor) DeadLetters() *DeadLetterStore { return &DeadLetterStore{db: p.db, t: p.t} }
 
-// Process handles one message: decode, dedup, guard, handle, commit - or
-// classify the failure and retry or park. The caller ACKs the message only
-// when the outcome's Ack() is true; by then everything is committed.
-func (p *Processor) Process(ctx context.Context, m Message) Outcome {
+// process is Process without its span (see tracing.go).
+func (p *Processor) process(ctx context.Context, m Message) Outcome {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ProcessTimeout)
 	defer cancel()
 
-	env, err := envelope.Decode(m.Properties)
+	m, env, err := p.decode(m) // the wire format, or an adopted identity (adopt.go)
 	if err != nil {
 		ev := malformedEvent(m)
 		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: %w", ErrMalformed, err), "", 0)
@@ -441,7 +468,7 @@ func (p *Processor) Process(ctx context.Context, m Message) Outcome {
 		BusinessKey: env.BusinessKey, Headers: env.Headers, Payload: m.Body,
 		PayloadHash: envelope.Hash(m.Body), Delivery: m.Delivery,
 	}
-	if declared := m.Properties[envelope.PropPayloadHash]; declared != "" && declared != ev.PayloadHash {
+	if declared := m.Properties[envelope.PropPayloadHash]; declared != "" && envelope.NormalizeHash(declared) != ev.PayloadHash {
 		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: payload hash %s does not match the declared %s", ErrMalformed, ev.PayloadHash, clip(declared, 64)), "", 0)
 	}
 	route, ok := p.cfg.Routes[ev.Type]
@@ -466,6 +493,9 @@ func (p *Processor) Process(ctx context.Context, m Message) Outcome {
 }
 
 func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route) Outcome {
+	if out, ok := collect(ctx, m, ev, route); ok {
+		return out // ProcessBatch applies it in the batch's transaction (batch.go)
+	}
 	g := p.cfg.Group
 	// 0. A redelivery of an event this processor saw committed, with the same
 	// hash: a dedup hit without the database. Anything else (a miss, another
@@ -500,7 +530,7 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 	// the same event blocks here on the row lock until this tx ends. On a
 	// duplicate key the statement locks the existing (committed) row and
 	// says whether its hash is ours.
-	res, err := tx.ExecContext(ctx, p.q.insertLog, g, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes, ev.PayloadHash)
+	res, err := p.stmts.TxExec(ctx, tx, p.q.insertLog, g, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes, ev.PayloadHash)
 	if err != nil {
 		rollback()
 		return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: insert consume log: %w", err))
@@ -535,7 +565,7 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 		}
 		switch v {
 		case verdictStale:
-			if _, err := tx.ExecContext(ctx, p.q.markStale, g, ev.ID); err != nil {
+			if _, err := p.stmts.TxExec(ctx, tx, p.q.markStale, g, ev.ID); err != nil {
 				rollback()
 				return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: mark stale: %w", err))
 			}
@@ -568,7 +598,7 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 		return p.fail(ctx, m, ev, ClassOf(err), err)
 	}
 	if ref.ref != "" {
-		if _, err := tx.ExecContext(ctx, p.q.setResultRef, ref.ref, g, ev.ID); err != nil {
+		if _, err := p.stmts.TxExec(ctx, tx, p.q.setResultRef, ref.ref, g, ev.ID); err != nil {
 			rollback()
 			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
 		}
@@ -611,7 +641,7 @@ func (p *Processor) dedupResult(ctx context.Context, tx *sqlx.Tx, res sql.Result
 	if id, err := res.LastInsertId(); err == nil && id == dupSameHash {
 		return true, ev.PayloadHash, nil
 	}
-	if err := tx.GetContext(ctx, &existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
+	if err := p.stmts.TxGet(ctx, tx, &existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
 		return false, "", fmt.Errorf("consumer: read consume log: %w", err)
 	}
 	return true, existing, nil
@@ -638,7 +668,7 @@ func (p *Processor) clearAttemptsTx(ctx context.Context, tx *sqlx.Tx, ev Event) 
 	if !p.mayHaveAttempts(ev) {
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err != nil {
+	if _, err := p.stmts.TxExec(ctx, tx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err != nil {
 		return fmt.Errorf("consumer: clear attempts: %w", err)
 	}
 	return nil
@@ -661,7 +691,7 @@ func (p *Processor) preReadHit(ctx context.Context, ev Event) bool {
 		Hash      string `db:"h"`
 		Isolation string `db:"iso"`
 	}
-	err := p.db.GetContext(ctx, &r, p.q.preRead[i], p.cfg.Group, ev.ID)
+	err := p.stmts.Get(ctx, &r, p.q.preRead[i], p.cfg.Group, ev.ID)
 	var me *mysql.MySQLError
 	switch {
 	case errors.As(err, &me) && me.Number == errUnknownSystemVariable:
@@ -686,7 +716,7 @@ func (p *Processor) preReadHit(ctx context.Context, ev Event) bool {
 func (p *Processor) duplicate(ctx context.Context, ev Event) Outcome {
 	if p.mayHaveAttempts(ev) {
 		bctx, cancel := bookkeeping(ctx)
-		_, err := p.db.ExecContext(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID)
+		_, err := p.stmts.Exec(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID)
 		cancel()
 		if err != nil {
 			// The next copy (or the restarted process) tries again.
@@ -725,11 +755,11 @@ const (
 // key, then each asks for an exclusive one). Version 0 means "none applied".
 func (p *Processor) guard(ctx context.Context, tx *sqlx.Tx, ev Event, mode VersionMode) (verdict, error) {
 	g, v := p.cfg.Group, ev.AggregateVersion
-	if _, err := tx.ExecContext(ctx, p.q.lockVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
+	if _, err := p.stmts.TxExec(ctx, tx, p.q.lockVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
 		return 0, fmt.Errorf("consumer: lock aggregate version: %w", err)
 	}
 	var last int64
-	if err := tx.GetContext(ctx, &last, p.q.selectVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
+	if err := p.stmts.TxGet(ctx, tx, &last, p.q.selectVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
 		return 0, fmt.Errorf("consumer: read aggregate version: %w", err)
 	}
 	switch {
@@ -745,7 +775,7 @@ func (p *Processor) guard(ctx context.Context, tx *sqlx.Tx, ev Event, mode Versi
 	case mode == VersionStrict && v != last+1:
 		return verdictGap, nil
 	}
-	if _, err := tx.ExecContext(ctx, p.q.updateVersion, v, ev.ID, g, ev.AggregateType, ev.AggregateID); err != nil {
+	if _, err := p.stmts.TxExec(ctx, tx, p.q.updateVersion, v, ev.ID, g, ev.AggregateType, ev.AggregateID); err != nil {
 		return 0, fmt.Errorf("consumer: update aggregate version: %w", err)
 	}
 	return verdictApply, nil
@@ -766,10 +796,10 @@ func (p *Processor) fail(ctx context.Context, m Message, ev Event, c Class, err 
 	defer cancel()
 	text := clip(p.cfg.RedactText(err.Error()), 2000)
 	attempts := ev.Delivery.ReconsumeTimes + 1
-	_, rerr := p.db.ExecContext(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text, string(c), text)
+	_, rerr := p.stmts.Exec(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text, string(c), text)
 	p.failed.add(ev.ID) // even on an error: the row may have been written
 	if rerr == nil {
-		rerr = p.db.GetContext(bctx, &attempts, p.q.selectAttempt, p.cfg.Group, ev.ID)
+		rerr = p.stmts.Get(bctx, &attempts, p.q.selectAttempt, p.cfg.Group, ev.ID)
 	}
 	limit := p.cfg.MaxRetries
 	if c == ClassWait {
@@ -819,7 +849,7 @@ func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, caus
 		clip(d.Topic, 255), d.QueueID, d.QueueOffset, clip(d.MsgID, 128), string(c), text, payload, redacted,
 		existing, string(props), d.ReconsumeTimes,
 	}
-	res, err := p.db.ExecContext(bctx, p.q.upsertDeadLetterSQL, args...)
+	res, err := p.stmts.Exec(bctx, p.q.upsertDeadLetterSQL, args...)
 	var id int64
 	if err == nil {
 		id, err = res.LastInsertId()
@@ -833,7 +863,7 @@ func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, caus
 			Attempt: attempts, DelayLevel: p.cfg.DelayLevel(ClassTransient, max(attempts, d.ReconsumeTimes+1))}
 	}
 	if attempts > 0 || p.mayHaveAttempts(ev) {
-		if _, err := p.db.ExecContext(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err == nil {
+		if _, err := p.stmts.Exec(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err == nil {
 			p.failed.remove(ev.ID)
 		}
 	}
@@ -863,13 +893,15 @@ func upsertDeadLetter(table string) string {
 }
 
 // replayProperties keeps what a replay needs to re-publish the message with
-// its original identity: the rmqtx envelope and headers, keys and tags.
+// its original identity: the rmqtx envelope and headers, keys and tags, and
+// the trace context (so a retry or a replay stays linked to its trace).
 func replayProperties(props map[string]string) map[string]string {
 	out := map[string]string{}
 	for k, v := range props {
 		switch {
 		case k == propReconsume:
-		case strings.HasPrefix(k, "RMQTX_"), strings.HasPrefix(k, envelope.HeaderPrefix), k == "KEYS", k == "TAGS":
+		case strings.HasPrefix(k, "RMQTX_"), strings.HasPrefix(k, envelope.HeaderPrefix), k == "KEYS", k == "TAGS",
+			k == otelx.PropTraceparent, k == otelx.PropTracestate:
 			out[k] = v
 		}
 	}

@@ -4,6 +4,7 @@
 package docker_test
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 type service struct {
 	Image       string            `yaml:"image"`
+	Profiles    []string          `yaml:"profiles"`
 	NetworkMode string            `yaml:"network_mode"`
 	Command     []string          `yaml:"command"`
 	Environment map[string]string `yaml:"environment"`
@@ -98,4 +100,51 @@ func TestComposeMatchesScripts(t *testing.T) {
 	require.Contains(t, my.Command, "--port="+scriptDefault(t, script, "MYSQL_PORT"))
 	require.Equal(t, scriptDefault(t, script, "MYSQL_USER"), my.Environment["MYSQL_USER"])
 	require.Equal(t, scriptDefault(t, script, "MYSQL_PASSWORD"), my.Environment["MYSQL_PASSWORD"])
+}
+
+// The "cluster" profile's broker-b is the second master of
+// `RMQTX_BROKERS=2 scripts/services.sh up`: the same image and reference
+// broker.conf, renamed broker-b, on the script's broker-b port (broker-a's
+// plus the script's offset) with HA one above, its own store, and the
+// script's cluster heap. The default profile stays single-broker.
+func TestComposeClusterProfile(t *testing.T) {
+	var c compose
+	require.NoError(t, yaml.Unmarshal([]byte(read(t, "compose.yaml")), &c))
+	script := read(t, "../scripts/services.sh")
+	conf := props(read(t, "../scripts/rocketmq/broker.conf"))
+
+	for name, s := range c.Services {
+		if name != "broker-b" {
+			require.Empty(t, s.Profiles, "%s runs in the default (single-broker) profile", name)
+		}
+	}
+	b, ok := c.Services["broker-b"]
+	require.True(t, ok, "service broker-b missing")
+	require.Equal(t, []string{"cluster"}, b.Profiles)
+	require.Equal(t, "host", b.NetworkMode)
+	require.Equal(t, c.Services["broker"].Image, b.Image)
+	require.Contains(t, b.Volumes, "../scripts/rocketmq/broker.conf:/home/rocketmq/broker.conf:ro")
+	require.Len(t, b.Command, 3)
+	cmd := b.Command[2]
+
+	off := regexp.MustCompile(`\$\(\(BROKER_PORT \+ (\d+)\)\)`).FindStringSubmatch(scriptDefault(t, script, "BROKER_B_PORT"))
+	require.NotNil(t, off, "services.sh derives broker-b's port from broker-a's")
+	var portA, delta int
+	_, err := fmt.Sscan(conf["listenPort"], &portA)
+	require.NoError(t, err)
+	_, err = fmt.Sscan(off[1], &delta)
+	require.NoError(t, err)
+	require.Equal(t, scriptDefault(t, script, "BROKER_PORT"), conf["listenPort"])
+	require.Contains(t, cmd, fmt.Sprintf("s/^listenPort=.*/listenPort=%d/", portA+delta))
+	require.Contains(t, cmd, fmt.Sprintf("s/^haListenPort=.*/haListenPort=%d/", portA+delta+1), "HA one above, as services.sh does")
+	require.Contains(t, cmd, "s/^brokerName=.*/brokerName=broker-b/")
+	require.Contains(t, cmd, "storePathRootDir=/home/rocketmq/store-b")
+	require.Contains(t, cmd, "exec sh mqbroker -c /tmp/broker-b.conf")
+	for _, key := range []string{"brokerName", "listenPort", "haListenPort", "storePathRootDir", "storePathCommitLog"} {
+		require.Contains(t, conf, key, "the sed expressions rewrite a key broker.conf has")
+	}
+
+	heap := regexp.MustCompile(`\[\[ \$BROKERS == 2 \]\] && echo (\d+[mg])`).FindStringSubmatch(script)
+	require.NotNil(t, heap, "services.sh sets a cluster heap")
+	require.Contains(t, b.Environment["JAVA_OPT_EXT"], "-Xms"+heap[1]+" -Xmx"+heap[1])
 }

@@ -2,6 +2,7 @@ package inspect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -22,7 +23,11 @@ const (
 
 // BrokerMessage is one message the broker's key index returned.
 type BrokerMessage struct {
-	Kind           string    `json:"kind"` // "message", "half" or "discarded"
+	Kind string `json:"kind"` // "message", "half" or "discarded"
+	// Broker is the address of the broker whose index returned the message
+	// (a cluster has several; halves and discards stay on the broker that
+	// stored them).
+	Broker         string    `json:"broker,omitempty"`
 	Topic          string    `json:"topic"`
 	RealTopic      string    `json:"real_topic,omitempty"` // for half/discarded messages
 	QueueID        int       `json:"queue_id"`
@@ -49,8 +54,15 @@ type BrokerLookup interface {
 // RemotingLookup queries the broker's message index directly over the
 // RocketMQ remoting protocol (QUERY_MESSAGE, request code 12), the call
 // behind mqadmin queryMsgByKey: the Go client has no public API for it.
-// Broker addresses come from the name server's route of the topic
-// (GET_ROUTEINFO_BY_TOPIC, code 105), or from Brokers when set.
+//
+// Every master broker of the cluster is asked (GET_BROKER_CLUSTER_INFO,
+// code 106), together with the masters of the topic's route
+// (GET_ROUTEINFO_BY_TOPIC, code 105): a half message and a discarded half
+// stay on the broker that stored them, and a topic's route lists only the
+// brokers that serve it now. Brokers, when set, replaces both lookups. A
+// broker that does not answer does not hide the others' messages:
+// QueryByKey returns what it found together with an error naming the
+// broker.
 type RemotingLookup struct {
 	NameServer []string      // name server addresses (host:port)
 	Brokers    []string      // optional: broker addresses; skips the route lookup
@@ -66,7 +78,10 @@ const (
 )
 
 // QueryByKey returns the messages of topic whose keys contain key (the index
-// is hashed, so candidates are checked), oldest first.
+// is hashed, so candidates are checked), oldest first, from every broker
+// (see RemotingLookup). An ordinary topic the name server does not route
+// gives an error wrapping ErrTopicNotFound; the broker-local HalfTopic and
+// DiscardTopic are asked of every master regardless.
 func (l RemotingLookup) QueryByKey(ctx context.Context, topic, key string, max int) ([]BrokerMessage, error) {
 	if max <= 0 {
 		max = 32
@@ -76,27 +91,13 @@ func (l RemotingLookup) QueryByKey(ctx context.Context, topic, key string, max i
 		return nil, err
 	}
 	var out []BrokerMessage
+	var errs []error
 	for _, addr := range addrs {
-		h, body, err := remoting.RoundTrip(ctx, addr, l.Timeout, remoting.ReqQueryMessage, map[string]string{
-			"topic": topic, "key": key, "maxNum": strconv.Itoa(max),
-			"beginTimestamp": "0", "endTimestamp": strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10),
-		})
+		ms, err := l.queryBroker(ctx, addr, topic, key, max)
 		if err != nil {
-			return out, err
+			errs = append(errs, err)
 		}
-		switch h.Code {
-		case remoting.ResSuccess:
-		case remoting.ResQueryNotFound:
-			continue
-		default:
-			return out, fmt.Errorf("inspect: query %s on %s: code %d: %s", topic, addr, h.Code, h.Remark)
-		}
-		for _, m := range primitive.DecodeMessage(body) {
-			if !hasKey(m, key) {
-				continue
-			}
-			out = append(out, brokerMessage(m))
-		}
+		out = append(out, ms...)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if !out[i].StoredAt.Equal(out[j].StoredAt) {
@@ -104,6 +105,34 @@ func (l RemotingLookup) QueryByKey(ctx context.Context, topic, key string, max i
 		}
 		return out[i].OffsetMsgID < out[j].OffsetMsgID
 	})
+	return out, errors.Join(errs...)
+}
+
+// queryBroker asks one broker's index.
+func (l RemotingLookup) queryBroker(ctx context.Context, addr, topic, key string, max int) ([]BrokerMessage, error) {
+	h, body, err := remoting.RoundTrip(ctx, addr, l.Timeout, remoting.ReqQueryMessage, map[string]string{
+		"topic": topic, "key": key, "maxNum": strconv.Itoa(max),
+		"beginTimestamp": "0", "endTimestamp": strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inspect: broker %s: %w", addr, err)
+	}
+	switch h.Code {
+	case remoting.ResSuccess:
+	case remoting.ResQueryNotFound:
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("inspect: query %s on %s: code %d: %s", topic, addr, h.Code, h.Remark)
+	}
+	var out []BrokerMessage
+	for _, m := range primitive.DecodeMessage(body) {
+		if !hasKey(m, key) {
+			continue
+		}
+		b := brokerMessage(m)
+		b.Broker = addr
+		out = append(out, b)
+	}
 	return out, nil
 }
 
@@ -140,15 +169,36 @@ func brokerMessage(m *primitive.MessageExt) BrokerMessage {
 	return b
 }
 
-// brokers returns the master broker addresses serving topic: Brokers when
-// set, else the name server's route.
+// brokers returns the addresses to ask for topic: Brokers when set, else
+// every master of the cluster together with the masters of topic's route.
+// When the name server has no cluster view, the route alone is used.
 func (l RemotingLookup) brokers(ctx context.Context, topic string) ([]string, error) {
 	if len(l.Brokers) > 0 {
 		return l.Brokers, nil
 	}
-	addrs, err := remoting.MasterBrokers(ctx, l.NameServer, l.Timeout, topic)
+	masters, cerr := remoting.ClusterMasters(ctx, l.NameServer, l.Timeout)
+	if topic == HalfTopic || topic == DiscardTopic {
+		if cerr == nil && len(masters) > 0 {
+			return masters, nil
+		}
+	}
+	route, err := remoting.MasterBrokers(ctx, l.NameServer, l.Timeout, topic)
 	if err != nil {
 		return nil, fmt.Errorf("inspect: %w", err)
 	}
-	return addrs, nil
+	return union(masters, route), nil
+}
+
+// union returns the distinct addresses of a and b, sorted.
+func union(a, b []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range append(append([]string{}, a...), b...) {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	sort.Strings(out)
+	return out
 }

@@ -14,10 +14,14 @@ import (
 
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/txlog"
 )
 
-// DefaultTablePrefix is the prefix of every rmqtx table unless configured.
-const DefaultTablePrefix = "rmqtx_"
+// DefaultTablePrefix is the prefix of every rmqtx table unless configured:
+// the one rmqtx default (internal/sqlname).
+const DefaultTablePrefix = sqlname.DefaultPrefix
 
 // ErrConfig is wrapped by configuration errors; ErrNotFound when nothing is
 // known about an event id, business key or dead-letter id.
@@ -49,10 +53,18 @@ type Config struct {
 
 // Inspector reads rmqtx's tables (and optionally the broker) for humans. It
 // never writes.
+//
+// It reads each table through its owner: the owner names the table, its
+// columns and states, and writes the queries (txlog.Store, outbox.Table,
+// consumer.TableNames, replay.TableNames); this package only renders.
 type Inspector struct {
-	cfg  Config
-	t    struct{ txlog, outbox, consume, attempt, dead, audit, item string }
-	dead *consumer.DeadLetterStore // builds every dead-letter read
+	cfg     Config
+	t       struct{ txlog, outbox, consume, attempt, dead, audit, item string }
+	txlog   *txlog.Store
+	outbox  outbox.Table
+	consume consumer.TableNames
+	replays replay.TableNames
+	dead    *consumer.DeadLetterStore // builds every dead-letter read
 }
 
 // New validates cfg and returns an Inspector.
@@ -80,9 +92,20 @@ func New(cfg Config) (*Inspector, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	i := &Inspector{cfg: cfg, dead: dead}
-	p := cfg.TablePrefix
-	i.t.txlog, i.t.outbox, i.t.consume, i.t.attempt = p+"txlog", p+"outbox", p+"consume_log", p+"consume_attempt"
-	i.t.dead, i.t.audit, i.t.item = p+"dead_letter", p+"replay_audit", p+"replay_audit_item"
+	if i.txlog, err = txlog.New(cfg.DB, cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if i.outbox, err = outbox.NewTable(cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if i.consume, err = consumer.Tables(cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if i.replays, err = replay.Tables(cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	i.t.txlog, i.t.outbox, i.t.consume, i.t.attempt = i.txlog.Table(), i.outbox.Name(), i.consume.ConsumeLog, i.consume.Attempt
+	i.t.dead, i.t.audit, i.t.item = i.consume.DeadLetter, i.replays.Audit, i.replays.AuditItem
 	return i, nil
 }
 
@@ -130,28 +153,12 @@ type OutboxRow struct {
 	RawPayload       []byte     `db:"payload" json:"-"`
 }
 
-// ConsumeRow is a consume-log (dedup) row.
-type ConsumeRow struct {
-	ConsumerGroup   string    `db:"consumer_group" json:"consumer_group"`
-	EventType       string    `db:"event_type" json:"event_type"`
-	RequestHash     string    `db:"request_hash" json:"request_hash"`
-	Status          string    `db:"status" json:"status"`
-	ResultRef       *string   `db:"result_ref" json:"result_ref,omitempty"`
-	RetryCount      int       `db:"retry_count" json:"retry_count"`
-	FirstReceivedAt time.Time `db:"first_received_at" json:"first_received_at"`
-	UpdatedAt       time.Time `db:"updated_at" json:"updated_at"`
-}
+// ConsumeRow is a consume-log (dedup) row, as its owner reads it.
+type ConsumeRow = consumer.ConsumeLogRow
 
-// AttemptRow is a failed-attempt row of an event not applied yet.
-type AttemptRow struct {
-	ConsumerGroup string    `db:"consumer_group" json:"consumer_group"`
-	EventID       string    `db:"event_id" json:"event_id"`
-	Attempts      int       `db:"attempts" json:"attempts"`
-	LastClass     string    `db:"last_class" json:"last_class"`
-	LastError     string    `db:"last_error" json:"last_error"`
-	FirstFailedAt time.Time `db:"first_failed_at" json:"first_failed_at"`
-	UpdatedAt     time.Time `db:"updated_at" json:"updated_at"`
-}
+// AttemptRow is a failed-attempt row of an event not applied yet, as its
+// owner reads it.
+type AttemptRow = consumer.AttemptRow
 
 // DeadLetterRow is a dead letter as shown to humans.
 type DeadLetterRow struct {
@@ -184,17 +191,9 @@ type DeadLetterRow struct {
 	RawProperties   string            `db:"properties" json:"-"`
 }
 
-// ReplayRow is one replay of the event (replay_audit_item joined with its run).
-type ReplayRow struct {
-	AuditID      int64     `db:"audit_id" json:"audit_id"`
-	DeadLetterID int64     `db:"dead_letter_id" json:"dead_letter_id"`
-	Result       string    `db:"result" json:"result"`
-	Detail       string    `db:"detail" json:"detail,omitempty"`
-	MsgID        string    `db:"msg_id" json:"msg_id,omitempty"`
-	At           time.Time `db:"at" json:"at"`
-	Operator     string    `db:"operator" json:"operator"`
-	Reason       string    `db:"reason" json:"reason"`
-}
+// ReplayRow is one replay of the event (replay_audit_item joined with its
+// run), as its owner reads it.
+type ReplayRow = replay.EventReplayRow
 
 // EventView is everything known about one event id.
 type EventView struct {
@@ -253,36 +252,28 @@ func orEmpty[T any](s []T) []T {
 // A view where nothing is found wraps ErrNotFound.
 func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 	v := EventView{EventID: id}
-	var tx []TxlogRow
-	if err := i.query(ctx, &v.Missing, i.t.txlog, &tx, "SELECT event_id, producer_group, topic, tags, msg_keys, event_type, state, payload,"+
-		" payload_hash, business_key, created_at, resolved_at, resolved_by, recovered_at, recovery_decision, recovery_note FROM "+
-		i.t.txlog+" WHERE event_id = ?", id); err != nil {
+	switch tr, err := i.txlog.Get(ctx, id); {
+	case errors.Is(err, txlog.ErrNotFound):
+	case isMissingTable(err):
+		v.Missing = append(v.Missing, i.t.txlog)
+	case err != nil:
+		return v, fmt.Errorf("inspect: read %s: %w", i.t.txlog, err)
+	default:
+		v.Txlog = i.txlogView(tr)
+	}
+	switch or, err := i.outbox.Get(ctx, i.cfg.DB, id); {
+	case errors.Is(err, outbox.ErrNotFound):
+	case isMissingTable(err):
+		v.Missing = append(v.Missing, i.t.outbox)
+	case err != nil:
+		return v, fmt.Errorf("inspect: read %s: %w", i.t.outbox, err)
+	default:
+		v.Outbox = i.outboxView(or)
+	}
+	if err := i.query(ctx, &v.Missing, i.t.consume, &v.Consumed, i.consume.ConsumeLogByEventSQL(), id); err != nil {
 		return v, err
 	}
-	if len(tx) > 0 {
-		r := tx[0]
-		r.Payload = i.cfg.Redact(r.RawPayload)
-		r.RecoveryNote = i.text(r.RecoveryNote)
-		v.Txlog = &r
-	}
-	var ob []OutboxRow
-	if err := i.query(ctx, &v.Missing, i.t.outbox, &ob, "SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type,"+
-		" destination, message_key, payload, status, owner_token, lease_until, retry_count, next_retry_at, last_error_code,"+
-		" last_error_message, created_at, sent_at, updated_at FROM "+i.t.outbox+" WHERE event_id = ?", id); err != nil {
-		return v, err
-	}
-	if len(ob) > 0 {
-		r := ob[0]
-		r.Payload = i.cfg.Redact(r.RawPayload)
-		r.LastErrorMessage = i.text(r.LastErrorMessage)
-		v.Outbox = &r
-	}
-	if err := i.query(ctx, &v.Missing, i.t.consume, &v.Consumed, "SELECT consumer_group, event_type, request_hash, status, result_ref,"+
-		" retry_count, first_received_at, updated_at FROM "+i.t.consume+" WHERE event_id = ? ORDER BY consumer_group", id); err != nil {
-		return v, err
-	}
-	if err := i.query(ctx, &v.Missing, i.t.attempt, &v.Attempts, "SELECT consumer_group, event_id, attempts, last_class, last_error,"+
-		" first_failed_at, updated_at FROM "+i.t.attempt+" WHERE event_id = ? ORDER BY consumer_group", id); err != nil {
+	if err := i.query(ctx, &v.Missing, i.t.attempt, &v.Attempts, i.consume.AttemptsByEventSQL(), id); err != nil {
 		return v, err
 	}
 	for k := range v.Attempts {
@@ -293,8 +284,7 @@ func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 		return v, err
 	}
 	v.DeadLetters = dl
-	if err := i.query(ctx, &v.Missing, i.t.item, &v.Replays, "SELECT it.audit_id, it.dead_letter_id, it.result, it.detail, it.msg_id, it.at,"+
-		" a.operator, a.reason FROM "+i.t.item+" it JOIN "+i.t.audit+" a ON a.id = it.audit_id WHERE it.event_id = ? ORDER BY it.audit_id, it.dead_letter_id", id); err != nil {
+	if err := i.query(ctx, &v.Missing, i.t.item, &v.Replays, i.replays.ReplaysByEventSQL(), id); err != nil {
 		return v, err
 	}
 	for k := range v.Replays {
@@ -383,9 +373,9 @@ func (i *Inspector) BusinessKey(ctx context.Context, key string, limit int) ([]E
 	var ids []string
 	var missing []string
 	for _, q := range []struct{ table, sql string }{
-		{i.t.txlog, "SELECT event_id FROM " + i.t.txlog + " WHERE business_key = ? LIMIT ?"},
-		{i.t.outbox, "SELECT event_id FROM " + i.t.outbox + " WHERE message_key = ? LIMIT ?"},
-		{i.t.dead, "SELECT DISTINCT event_id FROM " + i.t.dead + " WHERE business_key = ? LIMIT ?"},
+		{i.t.txlog, "SELECT " + txlog.ColEventID + " FROM " + i.t.txlog + " WHERE " + txlog.ColBusinessKey + " = ? LIMIT ?"},
+		{i.t.outbox, "SELECT " + outbox.ColEventID + " FROM " + i.t.outbox + " WHERE " + outbox.ColMessageKey + " = ? LIMIT ?"},
+		{i.t.dead, "SELECT DISTINCT " + consumer.ColEventID + " FROM " + i.t.dead + " WHERE " + consumer.ColBusinessKey + " = ? LIMIT ?"},
 	} {
 		var got []string
 		if err := i.query(ctx, &missing, q.table, &got, q.sql, key, limit); err != nil {
@@ -455,4 +445,41 @@ func (i *Inspector) DeadLetter(ctx context.Context, id int64) (DeadLetterRow, er
 		return DeadLetterRow{}, fmt.Errorf("%w: dead letter %d", ErrNotFound, id)
 	}
 	return rows[0], nil
+}
+
+// txlogView renders the owner's row for humans: payload redacted, recovery
+// fields only on recovered rows.
+func (i *Inspector) txlogView(r txlog.Row) *TxlogRow {
+	v := &TxlogRow{EventID: r.EventID, ProducerGroup: r.ProducerGroup, Topic: r.Topic, Tags: r.Tags, Keys: r.Keys,
+		EventType: r.EventType, State: string(r.State), Payload: i.cfg.Redact(r.Payload), PayloadHash: r.PayloadHash,
+		BusinessKey: r.BusinessKey, CreatedAt: r.CreatedAt, ResolvedAt: r.ResolvedAt, ResolvedBy: string(r.ResolvedBy),
+		RawPayload: r.Payload}
+	if !r.RecoveredAt.IsZero() {
+		at, decision := r.RecoveredAt, string(r.RecoveryDecision)
+		v.RecoveredAt, v.RecoveryDecision, v.RecoveryNote = &at, &decision, i.text(&r.RecoveryNote)
+	}
+	return v
+}
+
+// outboxView renders the owner's row for humans: payload and error redacted,
+// unset columns nil.
+func (i *Inspector) outboxView(r outbox.Row) *OutboxRow {
+	str := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	ts := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		return &t
+	}
+	return &OutboxRow{EventID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
+		AggregateVersion: r.AggregateVersion, EventType: r.EventType, Destination: r.Destination, MessageKey: r.MessageKey,
+		Payload: i.cfg.Redact(r.Payload), Status: string(r.Status), OwnerToken: str(r.OwnerToken), LeaseUntil: ts(r.LeaseUntil),
+		RetryCount: r.RetryCount, NextRetryAt: r.NextRetryAt, LastErrorCode: str(r.LastErrorCode),
+		LastErrorMessage: i.text(str(r.LastErrorMessage)), CreatedAt: r.CreatedAt, SentAt: ts(r.SentAt), UpdatedAt: r.UpdatedAt,
+		RawPayload: r.Payload}
 }

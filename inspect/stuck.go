@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/txlog"
 )
 
 // StuckRow is one piece of work that has not finished: an outbox row not yet
@@ -49,19 +53,21 @@ func (i *Inspector) Stuck(ctx context.Context, minAge time.Duration, limit int) 
 		LastError   *string    `db:"last_error_message"`
 	}
 	var ob []obRow
-	if err := i.query(ctx, &missing, i.t.outbox, &ob, "SELECT event_id, status, destination, event_type, created_at, retry_count,"+
-		" lease_until, next_retry_at, last_error_message FROM "+i.t.outbox+
-		" WHERE status IN ('PENDING', 'SENDING', 'RETRY') AND created_at <= ? ORDER BY created_at, event_id LIMIT ?", cutoff, limit); err != nil {
+	if err := i.query(ctx, &missing, i.t.outbox, &ob, "SELECT "+strings.Join([]string{outbox.ColEventID, outbox.ColStatus,
+		outbox.ColDestination, outbox.ColEventType, outbox.ColCreatedAt, outbox.ColRetryCount, outbox.ColLeaseUntil,
+		outbox.ColNextRetryAt, outbox.ColLastError}, ", ")+" FROM "+i.t.outbox+
+		" WHERE "+outbox.ColStatus+" IN (?, ?, ?) AND "+outbox.ColCreatedAt+" <= ? ORDER BY "+outbox.ColCreatedAt+", "+outbox.ColEventID+" LIMIT ?",
+		outbox.StatusPending, outbox.StatusSending, outbox.StatusRetry, cutoff, limit); err != nil {
 		return nil, missing, err
 	}
 	for _, r := range ob {
 		detail := ""
 		switch {
-		case r.Status == "SENDING" && r.LeaseUntil != nil && r.LeaseUntil.Before(now):
+		case r.Status == string(outbox.StatusSending) && r.LeaseUntil != nil && r.LeaseUntil.Before(now):
 			detail = "lease expired " + fmtAge(now.Sub(*r.LeaseUntil)) + " ago"
-		case r.Status == "SENDING" && r.LeaseUntil != nil:
+		case r.Status == string(outbox.StatusSending) && r.LeaseUntil != nil:
 			detail = "lease until " + r.LeaseUntil.UTC().Format(time.RFC3339)
-		case r.Status == "RETRY":
+		case r.Status == string(outbox.StatusRetry):
 			detail = "next try " + r.NextRetryAt.UTC().Format(time.RFC3339)
 		}
 		if r.LastError != nil && *r.LastError != "" {
@@ -72,8 +78,7 @@ func (i *Inspector) Stuck(ctx context.Context, minAge time.Duration, limit int) 
 	}
 
 	var at []AttemptRow
-	if err := i.query(ctx, &missing, i.t.attempt, &at, "SELECT consumer_group, event_id, attempts, last_class, last_error, first_failed_at,"+
-		" updated_at FROM "+i.t.attempt+" WHERE first_failed_at <= ? ORDER BY first_failed_at, consumer_group, event_id LIMIT ?", cutoff, limit); err != nil {
+	if err := i.query(ctx, &missing, i.t.attempt, &at, i.consume.AttemptsSinceSQL(), cutoff, limit); err != nil {
 		return nil, missing, err
 	}
 	for _, r := range at {
@@ -151,12 +156,12 @@ func (i *Inspector) Stats(ctx context.Context) ([]StatRow, []string, error) {
 		Oldest *time.Time `db:"o"`
 	}
 	for _, q := range []struct{ table, sql string }{
-		{i.t.txlog, "SELECT producer_group AS w, state AS s, COUNT(*) AS n, MIN(created_at) AS o FROM " + i.t.txlog + " GROUP BY producer_group, state"},
-		{i.t.outbox, "SELECT destination AS w, status AS s, COUNT(*) AS n, MIN(created_at) AS o FROM " + i.t.outbox + " GROUP BY destination, status"},
-		{i.t.consume, "SELECT consumer_group AS w, status AS s, COUNT(*) AS n, MIN(first_received_at) AS o FROM " + i.t.consume + " GROUP BY consumer_group, status"},
-		{i.t.attempt, "SELECT consumer_group AS w, 'RETRYING' AS s, COUNT(*) AS n, MIN(first_failed_at) AS o FROM " + i.t.attempt + " GROUP BY consumer_group"},
-		{i.t.dead, "SELECT consumer_group AS w, status AS s, COUNT(*) AS n, MIN(first_seen_at) AS o FROM " + i.t.dead + " GROUP BY consumer_group, status"},
-		{i.t.audit, "SELECT '' AS w, result AS s, COUNT(*) AS n, MIN(started_at) AS o FROM " + i.t.audit + " GROUP BY result"},
+		{i.t.txlog, countSQL(i.t.txlog, txlog.ColProducerGroup, txlog.ColState, txlog.ColCreatedAt)},
+		{i.t.outbox, countSQL(i.t.outbox, outbox.ColDestination, outbox.ColStatus, outbox.ColCreatedAt)},
+		{i.t.consume, countSQL(i.t.consume, consumer.ColConsumerGroup, consumer.ColStatus, consumer.ColFirstReceivedAt)},
+		{i.t.attempt, countSQL(i.t.attempt, consumer.ColConsumerGroup, "'RETRYING'", consumer.ColFirstFailedAt)},
+		{i.t.dead, countSQL(i.t.dead, consumer.ColConsumerGroup, consumer.ColStatus, consumer.ColFirstSeenAt)},
+		{i.t.audit, countSQL(i.t.audit, "''", replay.ColResult, replay.ColStartedAt)},
 	} {
 		var rows []row
 		if err := i.query(ctx, &missing, q.table, &rows, q.sql); err != nil {
@@ -183,4 +188,17 @@ func (i *Inspector) Stats(ctx context.Context) ([]StatRow, []string, error) {
 	})
 	sort.Strings(missing)
 	return orEmpty(out), missing, nil
+}
+
+// countSQL counts table's rows grouped by where and status (columns of the
+// owner, or a constant in quotes), with the oldest of each group.
+func countSQL(table, where, status, at string) string {
+	var group []string
+	for _, c := range []string{where, status} {
+		if !strings.HasPrefix(c, "'") {
+			group = append(group, c)
+		}
+	}
+	return "SELECT " + where + " AS w, " + status + " AS s, COUNT(*) AS n, MIN(" + at + ") AS o FROM " + table +
+		" GROUP BY " + strings.Join(group, ", ")
 }

@@ -45,7 +45,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Subsystem: sub, Name: name, Help: help}, labels)
 	}
 	m := &Metrics{
-		OutboxPending:   gv("outbox", "pending_count", "Outbox rows waiting to be sent (PENDING or RETRY).", "destination"),
+		OutboxPending:   gv("outbox", "pending_rows", "Outbox rows waiting to be sent (PENDING or RETRY).", "destination"),
 		OutboxOldestAge: gv("outbox", "oldest_age_seconds", "Age of the oldest outbox row not yet SENT or DEAD.", "destination"),
 		OutboxClaimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Subsystem: "outbox", Name: "claim_latency_seconds",
 			Help: "Duration of one claim transaction (SELECT ... FOR UPDATE SKIP LOCKED + UPDATE).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
@@ -77,6 +78,13 @@ type Config struct {
 	// OnOutcome, when set, is called after each row's outcome is recorded
 	// (or found lost). It runs on the send goroutine: keep it fast.
 	OnOutcome func(Outcome)
+	// TracerProvider traces every send: a dispatch span (otelx.SpanDispatch)
+	// that is a child of the trace context the row was enqueued with, and
+	// whose context the message carries (Message.SpanContext; RocketMQSink
+	// writes it as traceparent, WIRE.md), so the consumer's span joins the
+	// trace. Default nil: no tracing, no cost; a trace context stored by
+	// Enqueue is then passed on unchanged.
+	TracerProvider trace.TracerProvider
 }
 
 // Outcome reports what happened to one claimed row.

@@ -14,6 +14,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/otelx"
+	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/metrics"
 )
 
@@ -21,7 +23,8 @@ import (
 // number of dispatchers, in one process or many, can serve one table.
 //
 // Inside, one goroutine claims, Config.Concurrency goroutines send, and one
-// goroutine writes SENT outcomes. The claimer keeps a small buffer of
+// goroutine writes SENT outcomes. When the Sink is a BatchSink, each claim's
+// rows are grouped by it and a sender sends one group per request. The claimer keeps a small buffer of
 // claimed rows ahead of the senders, so a claim takes many rows at once and
 // its round trips overlap the sends; the buffer is bounded so that a
 // buffered row's send starts well inside its lease, and a row that waited
@@ -31,17 +34,19 @@ type Dispatcher struct {
 	cfg   Config
 	table Table
 	q     queries
+	tr    *otelx.Tracer // nil: tracing off (tracing.go)
 
 	wake  chan struct{} // Notify, and a batch of SENT marks written
 	freed chan struct{} // a row finished: room to claim
 
-	rowsCh   chan claimedRow // claimed rows waiting for a sender
-	held     atomic.Int64    // claimed rows not yet finished (waiting or sending)
-	maxWait  time.Duration   // longest a claimed row may wait for a sender; 0: no claim-ahead
-	aheadMax int             // most rows claimed beyond Concurrency
-	minClaim int             // fewest rows worth a claim while every sender is busy
-	sendEst  atomic.Int64    // estimated duration of one send (ns); 0 until measured
-	rescan   atomic.Bool     // an aggregate's next version may be claimable: scan PENDING from the start
+	batch    BatchSink         // cfg.Sink when it sends batches; nil otherwise
+	rowsCh   chan []claimedRow // claimed rows waiting for a sender, one send's worth each
+	held     atomic.Int64      // claimed rows not yet finished (waiting or sending)
+	maxWait  time.Duration     // longest a claimed row may wait for a sender; 0: no claim-ahead
+	aheadMax int               // most rows claimed beyond Concurrency
+	minClaim int               // fewest rows worth a claim while every sender is busy
+	sendEst  atomic.Int64      // estimated duration of one send (ns); 0 until measured
+	rescan   atomic.Bool       // an aggregate's next version may be claimable: scan PENDING from the start
 
 	markMu     sync.Mutex
 	groups     map[string]*markGroup // by owner token: the claims not yet fully recorded
@@ -108,6 +113,7 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 	d := &Dispatcher{
 		cfg:        cfg,
 		table:      t,
+		tr:         otelx.New(cfg.TracerProvider),
 		q:          newQueries(t.name),
 		wake:       make(chan struct{}, 1),
 		freed:      make(chan struct{}, 1),
@@ -129,8 +135,10 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 	} else {
 		d.aheadMax = 0
 	}
-	d.rowsCh = make(chan claimedRow, cfg.Concurrency+d.aheadMax)
-	d.q.stmts = newStmtCache(cfg.DB)
+	// Rows, not groups, are bounded by held: a group holds at least one.
+	d.rowsCh = make(chan []claimedRow, cfg.Concurrency+d.aheadMax)
+	d.batch, _ = cfg.Sink.(BatchSink)
+	d.q.stmts = stmtcache.New(cfg.DB)
 	d.cfg.Logger = cfg.Logger.WithFields(logrus.Fields{"component": "outbox", "dispatcher": cfg.Name})
 	return d, nil
 }
@@ -222,8 +230,8 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 	var left []claimedRow
 	for drained := false; !drained; {
 		select {
-		case r := <-d.rowsCh:
-			left = append(left, r)
+		case u := <-d.rowsCh:
+			left = append(left, u...)
 		default:
 			drained = true
 		}
@@ -244,7 +252,7 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 	close(d.stopMarker)
 	<-d.markerDone
 	d.stopSends()
-	d.q.stmts.close()
+	d.q.stmts.Close()
 	return err
 }
 
@@ -328,8 +336,8 @@ func (d *Dispatcher) loop(ctx context.Context) {
 				d.groups[res.rows[0].token] = &markGroup{left: len(res.rows)}
 				d.markMu.Unlock()
 				d.held.Add(int64(len(res.rows)))
-				for _, r := range res.rows {
-					d.rowsCh <- r // never blocks: held rows fit the channel
+				for _, u := range d.units(res.rows) {
+					d.rowsCh <- u // never blocks: held rows fit the channel
 				}
 			}
 			due = len(res.rows) >= n
@@ -419,15 +427,74 @@ func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from strin
 	return res, nil
 }
 
+// units splits one claim's rows into what a sender sends at once: groups
+// of the BatchSink, or every row alone.
+func (d *Dispatcher) units(rows []claimedRow) [][]claimedRow {
+	if d.batch == nil || len(rows) < 2 {
+		out := make([][]claimedRow, len(rows))
+		for i := range rows {
+			out[i] = rows[i : i+1 : i+1]
+		}
+		return out
+	}
+	msgs := make([]*Message, len(rows))
+	index := make(map[*Message]int, len(rows))
+	for i := range rows {
+		msgs[i] = &Message{Event: rows[i].event(), Attempt: rows[i].RetryCount + 1}
+		index[msgs[i]] = i
+	}
+	groups := d.safeBatches(msgs)
+	out := make([][]claimedRow, 0, len(groups))
+	seen := 0
+	for _, g := range groups {
+		u := make([]claimedRow, 0, len(g))
+		for _, m := range g {
+			if i, ok := index[m]; ok {
+				u = append(u, rows[i])
+				delete(index, m) // each row once
+			}
+		}
+		if len(u) > 0 {
+			out = append(out, u)
+			seen += len(u)
+		}
+	}
+	if seen < len(rows) {
+		// A sink that dropped messages from its groups: they go alone.
+		for i := range rows {
+			if _, left := index[msgs[i]]; left {
+				out = append(out, rows[i:i+1:i+1])
+			}
+		}
+	}
+	return out
+}
+
+func (d *Dispatcher) safeBatches(msgs []*Message) (groups [][]*Message) {
+	defer func() {
+		if p := recover(); p != nil {
+			d.cfg.Logger.Warnf("outbox: sink Batches panicked: %v; sending the rows one by one", p)
+			groups = nil
+		}
+	}()
+	return d.batch.Batches(msgs)
+}
+
 func (d *Dispatcher) worker(sendCtx context.Context) {
 	defer d.workers.Done()
 	for {
 		select {
 		case <-d.stopWorkers:
 			return
-		case r := <-d.rowsCh:
-			d.finishRow(r.token, d.handle(sendCtx, r))
-			d.held.Add(-1)
+		case u := <-d.rowsCh:
+			if len(u) == 1 {
+				d.finishRow(u[0].token, d.handle(sendCtx, u[0]))
+			} else {
+				for i, s := range d.handleBatch(sendCtx, u) {
+					d.finishRow(u[i].token, s)
+				}
+			}
+			d.held.Add(-int64(len(u)))
 			select {
 			case d.freed <- struct{}{}:
 			default:
@@ -442,20 +509,89 @@ func (d *Dispatcher) handle(sendCtx context.Context, r claimedRow) *sentRow {
 	msg := &Message{Event: r.event(), Attempt: r.RetryCount + 1}
 	out := Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msg.Attempt, TookOver: r.tookOver}
 	log := d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msg.Attempt})
-	if d.maxWait > 0 && time.Since(r.claimedAt) > d.maxWait {
-		// The row waited so long for a sender that its lease could end
-		// before the send does: hand it back unsent instead.
+	if d.waitedTooLong(r) {
 		log.Info("outbox: a claimed row waited too long for a sender; handed back unsent")
 		d.releaseOne(r, out, log)
 		return nil
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
+	ctx, sp := d.startDispatch(sendCtx, r, msg)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
 	err := d.safeSend(ctx, msg)
 	cancel()
+	endDispatch(sp, err)
 	if sendCtx.Err() == nil {
 		d.observeSend(time.Since(start))
 	}
+	return d.settle(sendCtx, r, out, err, log)
+}
+
+// waitedTooLong: the row waited so long for a sender that its lease could
+// end before the send does; it is handed back unsent instead.
+func (d *Dispatcher) waitedTooLong(r claimedRow) bool {
+	return d.maxWait > 0 && time.Since(r.claimedAt) > d.maxWait
+}
+
+// handleBatch sends rows (one group of the BatchSink, all of one claim) in
+// one request and settles each row's own outcome; it returns the successes
+// by index, for the marker.
+func (d *Dispatcher) handleBatch(sendCtx context.Context, rows []claimedRow) []*sentRow {
+	res := make([]*sentRow, len(rows))
+	msgs := make([]*Message, len(rows))
+	outs := make([]Outcome, len(rows))
+	logs := make([]logrus.FieldLogger, len(rows))
+	for i, r := range rows {
+		msgs[i] = &Message{Event: r.event(), Attempt: r.RetryCount + 1}
+		outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msgs[i].Attempt, TookOver: r.tookOver}
+		logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msgs[i].Attempt})
+	}
+	if d.waitedTooLong(rows[0]) { // one claim: claimed at the same instant
+		logs[0].WithField("rows", len(rows)).Info("outbox: claimed rows waited too long for a sender; handed back unsent")
+		for i, r := range rows {
+			d.releaseOne(r, outs[i], logs[i])
+		}
+		return res
+	}
+	start := time.Now()
+	spans := d.startDispatchBatch(sendCtx, rows, msgs)
+	ctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
+	errs := d.safeSendBatch(ctx, msgs)
+	cancel()
+	endDispatchBatch(spans, errs)
+	if sendCtx.Err() == nil {
+		d.observeSend(time.Since(start))
+	}
+	for i, r := range rows {
+		res[i] = d.settle(sendCtx, r, outs[i], errs[i], logs[i])
+	}
+	return res
+}
+
+func (d *Dispatcher) safeSendBatch(ctx context.Context, msgs []*Message) (errs []error) {
+	defer func() {
+		if p := recover(); p != nil {
+			errs = nil
+			err := Transient(fmt.Errorf("outbox: sink panicked: %v", p))
+			for range msgs {
+				errs = append(errs, err)
+			}
+		}
+	}()
+	errs = d.batch.SendBatch(ctx, msgs)
+	if len(errs) != len(msgs) {
+		// A sink that broke its contract: nothing is known to be delivered.
+		err := Unknown(fmt.Errorf("outbox: sink returned %d results for %d messages", len(errs), len(msgs)))
+		errs = make([]error, len(msgs))
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
+// settle records the outcome of r's send (err), except a success: that it
+// returns, for the marker to write SENT in a batch.
+func (d *Dispatcher) settle(sendCtx context.Context, r claimedRow, out Outcome, err error, log logrus.FieldLogger) *sentRow {
 	if err == nil {
 		// The receiver has the message; the row is not yet SENT. A crash here
 		// resends it after the lease: consumers deduplicate.
@@ -477,7 +613,7 @@ func (d *Dispatcher) handle(sendCtx context.Context, r claimedRow) *sentRow {
 	if class == ClassPermanent || r.RetryCount >= d.cfg.MaxRetries {
 		out.Status = StatusDead
 		n, merr = d.mark(func(ctx context.Context) (int64, error) {
-			return d.q.markDead(ctx, d.cfg.DB, r.EventID, r.token, code, text)
+			return d.q.markDead(ctx, r.EventID, r.token, code, text)
 		})
 		if merr == nil && n == 1 {
 			d.stats.dead.Add(1)
@@ -492,7 +628,7 @@ func (d *Dispatcher) handle(sendCtx context.Context, r claimedRow) *sentRow {
 		out.Status = StatusRetry
 		out.RetryIn = Backoff(r.RetryCount, d.cfg.BackoffBase, d.cfg.BackoffMax)
 		n, merr = d.mark(func(ctx context.Context) (int64, error) {
-			return d.q.markRetry(ctx, d.cfg.DB, r.EventID, r.token, out.RetryIn, code, text)
+			return d.q.markRetry(ctx, r.EventID, r.token, out.RetryIn, code, text)
 		})
 		if merr == nil && n == 1 {
 			if class == ClassUnknown {
@@ -516,7 +652,7 @@ func (d *Dispatcher) handle(sendCtx context.Context, r claimedRow) *sentRow {
 // before), due at once, its retry count unchanged.
 func (d *Dispatcher) releaseOne(r claimedRow, out Outcome, log logrus.FieldLogger) {
 	out.Status = releasedStatus(r)
-	n, merr := d.mark(func(ctx context.Context) (int64, error) { return d.q.release(ctx, d.cfg.DB, r.EventID, r.token) })
+	n, merr := d.mark(func(ctx context.Context) (int64, error) { return d.q.release(ctx, r.EventID, r.token) })
 	if merr == nil && n == 1 {
 		d.stats.released.Add(1)
 	}
@@ -643,7 +779,7 @@ func (d *Dispatcher) flushSent(batch []sentRow) {
 		var landed map[string]bool
 		_, merr := d.mark(func(ctx context.Context) (int64, error) {
 			var err error
-			landed, err = d.q.markSentMany(ctx, d.cfg.DB, g[0].r.token, ids)
+			landed, err = d.q.markSentMany(ctx, g[0].r.token, ids)
 			return 0, err
 		})
 		for _, s := range g {
@@ -671,7 +807,7 @@ func (d *Dispatcher) releaseBuffered(rows []claimedRow) {
 			ids[i] = r.EventID
 		}
 		n, merr := d.mark(func(ctx context.Context) (int64, error) {
-			return d.q.releaseMany(ctx, d.cfg.DB, g[0].token, ids)
+			return d.q.releaseMany(ctx, g[0].token, ids)
 		})
 		if merr == nil {
 			d.stats.released.Add(n)

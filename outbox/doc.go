@@ -37,7 +37,19 @@
 // Successful sends are marked SENT in one UPDATE per claim (conditioned on
 // the claim's owner token, as every outcome is), written when the claim's
 // rows are all finished or at most 10ms after the first of them; failures are
-// written row by row. The frequent statements are prepared once.
+// written row by row. The statements are prepared once per pooled
+// connection (internal/stmtcache): one round trip each with any DSN.
+//
+// Batch sends: when the Sink is a BatchSink (RocketMQSink is), each claim's
+// rows are grouped by it and a sender sends one group per request. The
+// RocketMQ sink makes one RocketMQ batch per destination topic and target
+// queue (the queue a row's sharding key hashes to, as for a single send), at
+// most RocketMQConfig.MaxBatchBytes (1 MiB) each; a row too large for that,
+// an invalid row, and a keyed row of a topic whose queues it has not seen yet
+// go alone. The broker stores a batch whole or not at all, so every row of a
+// batch gets the batch's outcome; a batch the broker refuses with an error
+// code (above its maxMessageSize, say) is sent again row by row, and each row
+// gets its own outcome.
 //
 // Order per aggregate: a dispatcher only claims the head of an aggregate, the
 // row with the lowest aggregate version that is not yet SENT or DEAD. The next

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
 )
@@ -105,6 +106,8 @@ func TestLeaseTakeoverAndStaleOwner(t *testing.T) {
 	ctx := context.Background()
 	ids := b.enqueue(t, events("t", 3)...)
 	q := newQueries(b.table.Name())
+	q.stmts = stmtcache.New(b.db)
+	defer q.stmts.Close()
 
 	first, err := q.claim(ctx, b.db, "A.1", 10, time.Millisecond)
 	require.NoError(t, err)
@@ -123,20 +126,20 @@ func TestLeaseTakeoverAndStaleOwner(t *testing.T) {
 		require.Equal(t, "A.1", r.OwnerToken.String, "previous owner is visible to the taker")
 	}
 	// A is stale: none of its outcomes land.
-	n, err := q.markSent(ctx, b.db, ids[0], "A.1")
+	n, err := q.markSent(ctx, ids[0], "A.1")
 	require.NoError(t, err)
 	require.Zero(t, n)
-	n, err = q.markDead(ctx, b.db, ids[1], "A.1", "x", "y")
+	n, err = q.markDead(ctx, ids[1], "A.1", "x", "y")
 	require.NoError(t, err)
 	require.Zero(t, n)
 	// B owns them, with a live lease: nobody else can claim.
 	third, err := q.claim(ctx, b.db, "C.1", 10, time.Minute)
 	require.NoError(t, err)
 	require.Empty(t, third)
-	n, err = q.markSent(ctx, b.db, ids[0], "B.1")
+	n, err = q.markSent(ctx, ids[0], "B.1")
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	n, err = q.markSent(ctx, b.db, ids[0], "B.1")
+	n, err = q.markSent(ctx, ids[0], "B.1")
 	require.NoError(t, err)
 	require.Zero(t, n, "marking twice changes nothing")
 	row, err := b.table.Get(ctx, b.db, ids[0])

@@ -4,17 +4,18 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/stmtcache"
 )
 
 // queries holds the dispatcher's SQL for one table. Table names are
 // validated identifiers; every value is bound.
 type queries struct {
 	table          string
-	stmts          *stmtCache       // nil: nothing is prepared ahead
+	stmts          *stmtcache.Cache // the dispatcher's DB; its statements prepared (nil: none)
 	claimSteps     [numSteps]string // locking selects, in priority order
 	pendingFrom    string           // stepPending resuming at a next_retry_at
 	notHeads       string
@@ -151,7 +152,7 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 		if i == stepPending && from != "" {
 			stmt, args = q.pendingFrom, []any{from, want}
 		}
-		if err := q.stmts.txSelect(ctx, tx, &got, stmt, args...); err != nil {
+		if err := q.stmts.TxSelect(ctx, tx, &got, stmt, args...); err != nil {
 			return res, fmt.Errorf("outbox: claim: select: %w", err)
 		}
 		res.ran[i] = true
@@ -178,7 +179,7 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 			return res, fmt.Errorf("outbox: claim: %w", err)
 		}
 		var drop []string
-		if err := q.stmts.txSelect(ctx, tx, &drop, query, args...); err != nil {
+		if err := q.stmts.TxSelect(ctx, tx, &drop, query, args...); err != nil {
 			return res, fmt.Errorf("outbox: claim: head check: %w", err)
 		}
 		if len(drop) > 0 {
@@ -222,7 +223,7 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 	if err != nil {
 		return res, fmt.Errorf("outbox: claim: %w", err)
 	}
-	if err := q.stmts.txExec(ctx, tx, query, args...); err != nil {
+	if _, err := q.stmts.TxExec(ctx, tx, query, args...); err != nil {
 		return res, fmt.Errorf("outbox: claim: update: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -249,68 +250,10 @@ func inList(query string, head []any, ids []string) (string, []any, error) {
 	return sqlx.In(query, append(head, padded)...)
 }
 
-// stmtCache keeps the dispatcher's frequent statements prepared on its DB.
-// database/sql prepares a statement once per pooled connection and reuses
-// it, also inside transactions on that connection: one round trip per
-// execution instead of PREPARE, EXECUTE and CLOSE, and no parsing. A nil
-// cache, or a statement the server refuses to prepare, runs unprepared.
-type stmtCache struct {
-	db     *sqlx.DB
-	mu     sync.Mutex
-	m      map[string]*sqlx.Stmt // nil value: preparing failed, run unprepared
-	closed bool
-}
-
-func newStmtCache(db *sqlx.DB) *stmtCache {
-	return &stmtCache{db: db, m: map[string]*sqlx.Stmt{}}
-}
-
-func (c *stmtCache) get(ctx context.Context, query string) *sqlx.Stmt {
-	if c == nil {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil
-	}
-	st, ok := c.m[query]
-	if !ok {
-		// A failure (the server's prepared statement limit, say) is not
-		// retried: the statement runs unprepared from then on.
-		st, _ = c.db.PreparexContext(ctx, query)
-		if ctx.Err() == nil {
-			c.m[query] = st
-		}
-	}
-	return st
-}
-
-func (c *stmtCache) txSelect(ctx context.Context, tx *sqlx.Tx, dest any, query string, args ...any) error {
-	if st := c.get(ctx, query); st != nil {
-		return tx.StmtxContext(ctx, st).SelectContext(ctx, dest, args...)
-	}
-	return tx.SelectContext(ctx, dest, query, args...)
-}
-
-func (c *stmtCache) txExec(ctx context.Context, tx *sqlx.Tx, query string, args ...any) error {
-	var err error
-	if st := c.get(ctx, query); st != nil {
-		_, err = tx.StmtxContext(ctx, st).ExecContext(ctx, args...)
-	} else {
-		_, err = tx.ExecContext(ctx, query, args...)
-	}
-	return err
-}
-
-// exec runs query outside a transaction on db (c's DB when c is set) and
-// returns the number of rows changed.
-func (c *stmtCache) exec(ctx context.Context, db *sqlx.DB, query string, args ...any) (int64, error) {
-	st := c.get(ctx, query)
-	if st == nil {
-		return execCount(ctx, db, query, args...)
-	}
-	res, err := st.ExecContext(ctx, args...)
+// exec runs query outside a transaction (prepared, see package stmtcache)
+// and returns the number of rows changed.
+func (q queries) exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := q.stmts.Exec(ctx, query, args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: mark: %w", err)
 	}
@@ -321,48 +264,20 @@ func (c *stmtCache) exec(ctx context.Context, db *sqlx.DB, query string, args ..
 	return n, nil
 }
 
-// close closes every prepared statement; later calls run unprepared.
-func (c *stmtCache) close() {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.closed = true
-	for _, st := range c.m {
-		if st != nil {
-			_ = st.Close()
-		}
-	}
-	c.m = nil
+func (q queries) markSent(ctx context.Context, id, token string) (int64, error) {
+	return q.exec(ctx, q.sqlMarkSent, id, token)
 }
 
-func execCount(ctx context.Context, db *sqlx.DB, query string, args ...any) (int64, error) {
-	res, err := db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: mark: %w", err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("outbox: mark: %w", err)
-	}
-	return n, nil
+func (q queries) markRetry(ctx context.Context, id, token string, delay time.Duration, code, msg string) (int64, error) {
+	return q.exec(ctx, q.sqlMarkRetry, delay.Microseconds(), code, msg, id, token)
 }
 
-func (q queries) markSent(ctx context.Context, db *sqlx.DB, id, token string) (int64, error) {
-	return execCount(ctx, db, q.sqlMarkSent, id, token)
+func (q queries) markDead(ctx context.Context, id, token, code, msg string) (int64, error) {
+	return q.exec(ctx, q.sqlMarkDead, code, msg, id, token)
 }
 
-func (q queries) markRetry(ctx context.Context, db *sqlx.DB, id, token string, delay time.Duration, code, msg string) (int64, error) {
-	return execCount(ctx, db, q.sqlMarkRetry, delay.Microseconds(), code, msg, id, token)
-}
-
-func (q queries) markDead(ctx context.Context, db *sqlx.DB, id, token, code, msg string) (int64, error) {
-	return execCount(ctx, db, q.sqlMarkDead, code, msg, id, token)
-}
-
-func (q queries) release(ctx context.Context, db *sqlx.DB, id, token string) (int64, error) {
-	return execCount(ctx, db, q.sqlRelease, id, token)
+func (q queries) release(ctx context.Context, id, token string) (int64, error) {
+	return q.exec(ctx, q.sqlRelease, id, token)
 }
 
 // maxInList bounds the ids of one batched statement.
@@ -371,12 +286,12 @@ const maxInList = 500
 // markSentMany marks SENT the rows of ids that token still owns (at most
 // maxInList ids) in one statement, and returns the ids it marked. Only when
 // fewer rows changed than ids were given does it read back which ones.
-func (q queries) markSentMany(ctx context.Context, db *sqlx.DB, token string, ids []string) (map[string]bool, error) {
+func (q queries) markSentMany(ctx context.Context, token string, ids []string) (map[string]bool, error) {
 	query, args, err := inList(q.sqlSentMany, []any{token}, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: mark: %w", err)
 	}
-	n, err := q.stmts.exec(ctx, db, query, args...)
+	n, err := q.exec(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -389,12 +304,12 @@ func (q queries) markSentMany(ctx context.Context, db *sqlx.DB, token string, id
 	}
 	// Some rows have a new owner, or an earlier attempt of this very update
 	// committed without its reply reaching us: read which rows are ours.
-	query, args, err = sqlx.In(q.sqlSentLanded, token, ids)
+	query, args, err = inList(q.sqlSentLanded, []any{token}, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: mark: %w", err)
 	}
 	var got []string
-	if err := db.SelectContext(ctx, &got, query, args...); err != nil {
+	if err := q.stmts.Select(ctx, &got, query, args...); err != nil {
 		return nil, fmt.Errorf("outbox: mark: read back: %w", err)
 	}
 	for _, id := range got {
@@ -405,12 +320,12 @@ func (q queries) markSentMany(ctx context.Context, db *sqlx.DB, token string, id
 
 // releaseMany hands back the rows of ids that token still owns (at most
 // maxInList ids) and returns how many it changed.
-func (q queries) releaseMany(ctx context.Context, db *sqlx.DB, token string, ids []string) (int64, error) {
-	query, args, err := sqlx.In(q.sqlReleaseMany, token, ids)
+func (q queries) releaseMany(ctx context.Context, token string, ids []string) (int64, error) {
+	query, args, err := inList(q.sqlReleaseMany, []any{token}, ids)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: release: %w", err)
 	}
-	return execCount(ctx, db, query, args...)
+	return q.exec(ctx, query, args...)
 }
 
 // Backlog is the unsent work for one destination.

@@ -19,7 +19,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // RocketMQConfig configures a RocketMQSink.
@@ -44,15 +46,21 @@ type RocketMQConfig struct {
 	// Logger receives the client's logs (routed once per process through
 	// internal/rmqlog). Default: quiet.
 	Logger logrus.FieldLogger
+	// MaxBatchBytes bounds one batch send (see RocketMQSink.Batches): the
+	// dispatcher sends a claim's rows as one RocketMQ batch per target
+	// queue. Default DefaultMaxBatchBytes (1 MiB); negative: every row is
+	// sent alone.
+	MaxBatchBytes int
 }
 
 // RocketMQSink sends outbox rows as normal RocketMQ messages with SendSync.
 //
-// Each message carries the envelope properties (internal/envelope), the keys
-// [message key, event id], the event type as tag, and a sharding key (the
-// aggregate, else the message key) from which the queue is chosen by hash:
-// every event of one aggregate lands on one queue, so an orderly consumer sees
-// them in the order the dispatcher sent them.
+// Each message is in the public wire format (package wire, WIRE.md): the
+// envelope properties, the keys [message key, event id] (the id last), the
+// event type as tag, and a sharding key (the aggregate, else the message key)
+// from which the queue is chosen by hash: every event of one aggregate lands
+// on one queue, so an orderly consumer sees them in the order the dispatcher
+// sent them.
 //
 // Error classes: topic missing at the broker, no permission and message
 // illegal (codes 17, 16, 13) and an invalid topic name are permanent; a
@@ -62,8 +70,10 @@ type RocketMQConfig struct {
 // from "the topic is missing and auto-create is off": both surface as no
 // route, so no route is retried (bounded by MaxRetries), never DEAD at once.
 type RocketMQSink struct {
-	p         rocketmq.Producer
-	closeOnce sync.Once
+	p             rocketmq.Producer
+	queues        *queueBook // the client's queue selector, which batches are grouped by
+	maxBatchBytes int        // <= 0: no batches
+	closeOnce     sync.Once
 }
 
 // NewRocketMQSink creates and starts a producer. Close it after the
@@ -84,6 +94,10 @@ func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
 	if cfg.Retries < 0 {
 		cfg.Retries = 0
 	}
+	if cfg.MaxBatchBytes == 0 {
+		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	book := newQueueBook()
 	rmqlog.Install(cfg.Logger)
 	p, err := rocketmq.NewProducer(
 		producer.WithNsResolver(primitive.NewPassthroughResolver(cfg.NameServers)),
@@ -91,7 +105,7 @@ func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
 		producer.WithInstanceName(cfg.InstanceName),
 		producer.WithSendMsgTimeout(cfg.SendTimeout),
 		producer.WithRetry(cfg.Retries),
-		producer.WithQueueSelector(producer.NewHashQueueSelector()),
+		producer.WithQueueSelector(book),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: rocketmq producer: %w", err)
@@ -99,7 +113,7 @@ func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
 	if err := p.Start(); err != nil {
 		return nil, fmt.Errorf("outbox: start rocketmq producer: %w", err)
 	}
-	return &RocketMQSink{p: p}, nil
+	return &RocketMQSink{p: p, queues: book, maxBatchBytes: cfg.MaxBatchBytes}, nil
 }
 
 // topicRE is RocketMQ's topic name rule (TopicValidator, 5.x).
@@ -119,20 +133,33 @@ func ShardingKey(e Event) string {
 func RocketMQMessage(m *Message) *primitive.Message {
 	msg := primitive.NewMessage(m.Destination, m.Payload)
 	msg.WithProperties(m.Envelope().Properties(m.Payload))
-	keys := []string{m.EventID}
+	var keys []string
 	if m.MessageKey != "" {
-		keys = []string{m.MessageKey, m.EventID}
+		keys = []string{m.MessageKey}
 	}
-	msg.WithKeys(keys)
+	msg.WithKeys(wire.Keys(keys, m.EventID))
 	msg.WithTag(m.EventType)
 	if k := ShardingKey(m.Event); k != "" {
 		msg.WithShardingKey(k)
 	}
+	otelx.InjectSpanContext(m.trace, msg)
 	return msg
 }
 
 // Send sends m with SendSync and classifies the outcome.
 func (s *RocketMQSink) Send(ctx context.Context, m *Message) error {
+	if err := s.validate(m); err != nil {
+		return err
+	}
+	res, err := s.p.SendSync(ctx, RocketMQMessage(m))
+	if err != nil {
+		return classifyRocketMQ(ctx, err)
+	}
+	return sendStatus(res)
+}
+
+// validate refuses, permanently, what the broker would refuse.
+func (s *RocketMQSink) validate(m *Message) error {
 	if !topicRE.MatchString(m.Destination) {
 		return NewSendError(ClassPermanent, "invalid_destination",
 			fmt.Errorf("%w: %q is not a valid RocketMQ topic name", ErrInvalidDestination, m.Destination))
@@ -140,10 +167,11 @@ func (s *RocketMQSink) Send(ctx context.Context, m *Message) error {
 	if err := m.Envelope().Validate(); err != nil {
 		return NewSendError(ClassPermanent, "invalid_envelope", fmt.Errorf("%w: %w", ErrMessageIllegal, err))
 	}
-	res, err := s.p.SendSync(ctx, RocketMQMessage(m))
-	if err != nil {
-		return classifyRocketMQ(ctx, err)
-	}
+	return nil
+}
+
+// sendStatus classifies a send result that came with no error.
+func sendStatus(res *primitive.SendResult) error {
 	if res == nil {
 		return NewSendError(ClassUnknown, "no_result", errors.New("outbox: rocketmq returned no send result"))
 	}

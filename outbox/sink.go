@@ -1,6 +1,10 @@
 package outbox
 
-import "context"
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/trace"
+)
 
 // Message is what a dispatcher hands to a Sink: the event as stored plus the
 // attempt number.
@@ -9,6 +13,8 @@ type Message struct {
 	// Attempt counts sends of this row, starting at 1. A lease takeover or a
 	// crash can make two attempts carry the same number.
 	Attempt int
+
+	trace trace.SpanContext // see SpanContext (tracing.go)
 }
 
 // IdempotencyKey is the key an external system deduplicates on: the event

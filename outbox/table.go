@@ -13,11 +13,32 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/migrate"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
-// DefaultPrefix is the table prefix used when none is configured.
-const DefaultPrefix = "rmqtx_"
+// DefaultPrefix is the table prefix used when none is configured: the one
+// rmqtx default (internal/sqlname), shared by every package.
+const DefaultPrefix = sqlname.DefaultPrefix
+
+// TableSuffix: the outbox lives in <prefix>outbox.
+const TableSuffix = "outbox"
+
+// Columns of the outbox that other packages (inspect, archive) select or
+// filter on. A column renamed here is renamed for all of them.
+const (
+	ColEventID     = "event_id"
+	ColDestination = "destination"
+	ColEventType   = "event_type"
+	ColMessageKey  = "message_key"
+	ColStatus      = "status"
+	ColRetryCount  = "retry_count"
+	ColLeaseUntil  = "lease_until"
+	ColNextRetryAt = "next_retry_at"
+	ColLastError   = "last_error_message"
+	ColCreatedAt   = "created_at"
+	ColUpdatedAt   = "updated_at"
+)
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
@@ -42,7 +63,7 @@ func NewTable(prefix string) (Table, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	name, err := sqlname.Table(prefix, "outbox")
+	name, err := sqlname.Table(prefix, TableSuffix)
 	if err != nil {
 		return Table{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -69,7 +90,8 @@ func (t Table) Migrate(ctx context.Context, db *sqlx.DB) error {
 }
 
 // Migrate creates or upgrades the outbox table <prefix>outbox (empty prefix:
-// DefaultPrefix). See Table.Migrate.
+// DefaultPrefix). See Table.Migrate; schema.MigrateAll runs it together
+// with every other rmqtx table.
 func Migrate(ctx context.Context, db *sqlx.DB, prefix string) error {
 	t, err := NewTable(prefix)
 	if err != nil {
@@ -82,6 +104,11 @@ func Migrate(ctx context.Context, db *sqlx.DB, prefix string) error {
 // returns its event id (generated when e.EventID is empty). The row becomes
 // visible to dispatchers when tx commits; call Dispatcher.Notify after the
 // commit to send it at once instead of at the next poll.
+//
+// When ctx holds a span (the caller's, an HTTP request's for example), its
+// trace context is stored with the row, in the headers column under keys
+// that no header name can have (they start with a NUL), and the message
+// carries it on (Config.TracerProvider); no tracer is needed for that.
 func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) {
 	if tx == nil {
 		return "", fmt.Errorf("%w: nil transaction", ErrInvalidEvent)
@@ -93,8 +120,8 @@ func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) 
 		return "", err
 	}
 	var headers sql.NullString
-	if len(e.Headers) > 0 {
-		b, err := json.Marshal(e.Headers)
+	if h := otelx.RowHeaders(ctx, e.Headers); len(h) > 0 { // with ctx's trace context, if any
+		b, err := json.Marshal(h)
 		if err != nil {
 			return "", fmt.Errorf("%w: headers: %w", ErrInvalidEvent, err)
 		}
@@ -119,7 +146,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, UTC_TIMESTAMP(6), UTC_TIMEST
 	return e.EventID, nil
 }
 
-var defaultTable = Table{name: DefaultPrefix + "outbox", schema: DefaultPrefix + "outbox_schema"}
+var defaultTable = Table{name: DefaultPrefix + TableSuffix, schema: DefaultPrefix + TableSuffix + "_schema"}
 
 // Enqueue writes e into the default table (rmqtx_outbox) inside tx. See
 // Table.Enqueue.
@@ -185,6 +212,7 @@ func (r rowScan) event() Event {
 	}
 	if r.Headers.Valid && r.Headers.String != "" {
 		_ = json.Unmarshal([]byte(r.Headers.String), &e.Headers)
+		e.Headers = otelx.StripRow(e.Headers) // the trace context is not a header
 	}
 	return e
 }

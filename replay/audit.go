@@ -8,26 +8,16 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/migrate"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Migrate creates the audit tables (<prefix>replay_audit,
-// <prefix>replay_audit_item) idempotently and records the schema version in
-// <prefix>replay_schema. The consumer tables must exist (consumer.Migrate).
+// Migrate creates the audit tables under the Replayer's prefix; see the
+// package-level Migrate, which it calls.
 func (r *Replayer) Migrate(ctx context.Context) error {
-	err := migrate.Run(ctx, r.cfg.DB, migrate.Plan{
-		FS: migrationFS, Dir: "migrations",
-		Replace:     map[string]string{"{{prefix}}": r.cfg.TablePrefix},
-		SchemaTable: r.t.schema,
-	})
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	return nil
+	return Migrate(ctx, r.cfg.DB, r.cfg.TablePrefix)
 }
 
 // Audit is one replay_audit row.

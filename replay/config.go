@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
@@ -16,8 +17,8 @@ import (
 )
 
 // DefaultTablePrefix is the prefix of the consumer tables and of the audit
-// tables unless configured (the same default as the consumer package).
-const DefaultTablePrefix = "rmqtx_"
+// tables unless configured: the one rmqtx default (internal/sqlname).
+const DefaultTablePrefix = sqlname.DefaultPrefix
 
 // Properties a replay adds to each message (beside the original envelope).
 const (
@@ -77,6 +78,12 @@ type Config struct {
 	// Logger receives one line per run and warnings. Default quiet. Payloads
 	// are never logged.
 	Logger logrus.FieldLogger
+	// TracerProvider traces each replayed message: a span (otelx.SpanReplay)
+	// that is a child of Replay's ctx, linked to the trace the message first
+	// belonged to, and whose context the replayed message carries (so the
+	// consumer's span joins it). Default nil: no tracing, no cost (the
+	// message keeps the trace context it was parked with).
+	TracerProvider trace.TracerProvider
 	// Test holds test-only hooks. Leave zero in production.
 	Test TestConfig
 }

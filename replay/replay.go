@@ -15,9 +15,11 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
 )
@@ -95,6 +97,7 @@ type Replayer struct {
 	cfg  Config
 	t    tables
 	dead *consumer.DeadLetterStore // the consumer's dead letters: selection, lock, resolution
+	tr   *otelx.Tracer             // nil: tracing off
 
 	mu      sync.Mutex
 	prod    rmq.Producer
@@ -113,8 +116,11 @@ func New(cfg Config) (*Replayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	p := cfg.TablePrefix
-	return &Replayer{cfg: cfg, dead: dead, t: tables{audit: p + "replay_audit", item: p + "replay_audit_item", schema: p + "replay_schema"}}, nil
+	t, err := newTables(cfg.TablePrefix)
+	if err != nil {
+		return nil, err
+	}
+	return &Replayer{cfg: cfg, dead: dead, t: t, tr: otelx.New(cfg.TracerProvider)}, nil
 }
 
 // Config returns the configuration with defaults applied.
@@ -387,11 +393,15 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	props[PropCount] = strconv.Itoa(l.ReplayCount + 1)
 	props[PropDeadLetterID] = strconv.FormatInt(l.ID, 10)
 	props[PropGroup] = l.ConsumerGroup
+	sctx, sp := r.tr.StartLinked(ctx, props, otelx.SpanReplay, trace.SpanKindProducer,
+		otelx.Attrs{Destination: l.Topic, Group: r.cfg.Group, EventID: l.EventID, EventType: l.EventType})
+	r.tr.Inject(sctx, props)
 	msg.WithProperties(props)
 
-	sctx, cancel := context.WithTimeout(ctx, r.cfg.SendTimeout)
+	sctx, cancel := context.WithTimeout(sctx, r.cfg.SendTimeout)
 	res, err := prod.SendSync(sctx, msg)
 	cancel()
+	sp.EndSend(res, err)
 	if err == nil && res.Status != primitive.SendOK {
 		err = fmt.Errorf("send status %d", res.Status)
 	}

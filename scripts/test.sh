@@ -88,6 +88,7 @@ bash scripts/services.sh install
 go mod download
 bash scripts/client-patch.sh check
 bash scripts/promtool.sh >/dev/null
+bash scripts/interop-java.sh >/dev/null
 go build -tags failpoints ./... >/dev/null
 
 if [[ $netns == 1 ]]; then

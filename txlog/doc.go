@@ -13,9 +13,13 @@
 // there is never a row in an "in progress" state: a missing row means "still
 // running or never ran", and a present row is final.
 //
-// Get reads in a read-only READ COMMITTED transaction, so that "missing"
-// holds whatever the server's or the session's default isolation: under
-// READ UNCOMMITTED a plain SELECT would see an in-flight transaction's row.
+// Get is one autocommit point read that also returns the session's
+// isolation level; at READ UNCOMMITTED (where a plain SELECT would see an
+// in-flight transaction's row) it reads again in a read-only READ COMMITTED
+// transaction, so "missing" holds whatever the server's or the session's
+// default isolation. Every statement is prepared once per pooled connection
+// (internal/stmtcache), the insert on the caller's transaction included, so
+// each costs one round trip whatever the DSN.
 //
 // The Store keeps all SQL (MySQL 8 and MariaDB 10.11) behind one type so
 // the producer, check-back, recovery and the runbook tooling share it. The

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
+	"github.com/rmqtx/rmqtx/internal/stmtcache"
 )
 
 // Store reads and writes the transaction log table. It is safe for
@@ -24,10 +26,19 @@ type Store struct {
 	schemaTable string
 	q           queries
 	now         func() time.Time
+	// stmts keeps the statements prepared: one round trip each whatever
+	// the DSN (package stmtcache), the insert included, which runs on the
+	// caller's transaction.
+	stmts *stmtcache.Cache
+	// getVar is the index in isolationVars of the variable getOne names;
+	// len(isolationVars) once neither is known (Get then always reads in
+	// a READ COMMITTED transaction).
+	getVar atomic.Int32
 }
 
 type queries struct {
 	insert, insertIgnore, get, markRecovered, deleteBatch string
+	getOne                                                [len(isolationVars)]string
 }
 
 const columns = "event_id, producer_group, topic, tags, msg_keys, event_type, state, payload, payload_hash, " +
@@ -53,8 +64,23 @@ func New(db *sqlx.DB, prefix string) (*Store, error) {
 		markRecovered: "UPDATE " + table + " SET recovered_at = ?, recovery_decision = ?, recovery_note = ? WHERE event_id = ?",
 		deleteBatch:   "DELETE FROM " + table + " WHERE state = ? AND resolved_at < ? ORDER BY resolved_at LIMIT ?",
 	}
+	tcols := "t." + strings.ReplaceAll(columns, ", ", ", t.")
+	for i, v := range isolationVars {
+		// One row whether or not the event has one: the session's
+		// isolation level, joined with the row (NULLs when missing).
+		s.q.getOne[i] = "SELECT i.iso, " + tcols + " FROM (SELECT @@SESSION." + v + " AS iso) i LEFT JOIN " + table +
+			" t ON t.event_id = ?"
+	}
+	s.stmts = stmtcache.New(db)
+	stmtcache.CloseWith(s, s.stmts)
 	return s, nil
 }
+
+// isolationVars name the session's isolation level: MySQL 8 and MariaDB
+// 11.1+ know the first, MariaDB before 11.1 only the second.
+var isolationVars = [...]string{"transaction_isolation", "tx_isolation"}
+
+const errUnknownSystemVariable = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE
 
 // Table returns the table name, prefix included.
 func (s *Store) Table() string { return s.table }
@@ -91,6 +117,40 @@ func (r dbRow) row() Row {
 		RecoveredAt: r.RecoveredAt.Time, RecoveryDecision: RecoveryDecision(r.RecoveryDecision.String),
 		RecoveryNote: r.RecoveryNote.String,
 	}
+}
+
+// getRow is what getOne reads: the session's isolation level and the row,
+// all NULL when there is none.
+type getRow struct {
+	Iso              string           `db:"iso"`
+	EventID          sql.NullString   `db:"event_id"`
+	ProducerGroup    sql.NullString   `db:"producer_group"`
+	Topic            sql.NullString   `db:"topic"`
+	Tags             sql.NullString   `db:"tags"`
+	Keys             sql.NullString   `db:"msg_keys"`
+	EventType        sql.NullString   `db:"event_type"`
+	State            sql.NullString   `db:"state"`
+	Payload          []byte           `db:"payload"`
+	PayloadHash      sql.NullString   `db:"payload_hash"`
+	Properties       sql.NullString   `db:"properties"`
+	BusinessKey      sql.NullString   `db:"business_key"`
+	CreatedAt        sqltime.NullTime `db:"created_at"`
+	ResolvedAt       sqltime.NullTime `db:"resolved_at"`
+	ResolvedBy       sql.NullString   `db:"resolved_by"`
+	RecoveredAt      sqltime.NullTime `db:"recovered_at"`
+	RecoveryDecision sql.NullString   `db:"recovery_decision"`
+	RecoveryNote     sql.NullString   `db:"recovery_note"`
+}
+
+func (g getRow) row() Row {
+	return dbRow{
+		EventID: g.EventID.String, ProducerGroup: g.ProducerGroup.String, Topic: g.Topic.String, Tags: g.Tags.String,
+		Keys: g.Keys.String, EventType: g.EventType.String, State: g.State.String, Payload: g.Payload,
+		PayloadHash: g.PayloadHash.String, Properties: g.Properties, BusinessKey: g.BusinessKey.String,
+		CreatedAt: sqltime.Time{Time: g.CreatedAt.Time}, ResolvedAt: sqltime.Time{Time: g.ResolvedAt.Time},
+		ResolvedBy: g.ResolvedBy.String, RecoveredAt: g.RecoveredAt, RecoveryDecision: g.RecoveryDecision,
+		RecoveryNote: g.RecoveryNote,
+	}.row()
 }
 
 func nullable(s string) any {
@@ -144,7 +204,7 @@ func (s *Store) Insert(ctx context.Context, tx sqlx.ExecerContext, r Row) error 
 	if err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, s.q.insert, a...); err != nil {
+	if _, err := s.stmts.ExecOn(ctx, tx, s.q.insert, a...); err != nil {
 		if IsDuplicateKey(err) {
 			return fmt.Errorf("%w: %s: %w", ErrDuplicate, r.EventID, err)
 		}
@@ -153,7 +213,8 @@ func (s *Store) Insert(ctx context.Context, tx sqlx.ExecerContext, r Row) error 
 	return nil
 }
 
-// readCommitted is how Get reads: a read-only READ COMMITTED transaction.
+// readCommitted is how Get reads when getOne cannot: a read-only READ
+// COMMITTED transaction.
 // A plain autocommit SELECT inherits the session's isolation, and under
 // READ UNCOMMITTED (a server or DSN default we do not control) it would see
 // the COMMITTED row of a local transaction that is still running and may
@@ -165,14 +226,42 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: 
 // Get returns the row for id, or an error wrapping ErrNotFound. It reads
 // committed data only, whatever the server's or the session's default
 // isolation, so an in-flight local transaction's row is never seen.
+//
+// It costs one statement (getOne): an autocommit point read that also
+// returns the session's isolation level. At READ COMMITTED, REPEATABLE
+// READ and SERIALIZABLE such a read is a non-locking read of committed
+// data; only at READ UNCOMMITTED is its answer not trusted, and Get reads
+// again in a READ COMMITTED transaction (four round trips).
 func (s *Store) Get(ctx context.Context, id string) (Row, error) {
+	if i := s.getVar.Load(); int(i) < len(isolationVars) {
+		var g getRow
+		err := s.stmts.Get(ctx, &g, s.q.getOne[i], id)
+		var me *mysql.MySQLError
+		switch {
+		case errors.As(err, &me) && me.Number == errUnknownSystemVariable:
+			s.getVar.CompareAndSwap(i, i+1)
+			return s.Get(ctx, id)
+		case err != nil:
+			return Row{}, fmt.Errorf("txlog: get %s: %w", id, err)
+		case !strings.EqualFold(g.Iso, "READ-UNCOMMITTED"):
+			if !g.EventID.Valid {
+				return Row{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+			}
+			return g.row(), nil
+		}
+	}
+	return s.getTx(ctx, id)
+}
+
+// getTx is Get in a read-only READ COMMITTED transaction.
+func (s *Store) getTx(ctx context.Context, id string) (Row, error) {
 	tx, err := s.db.BeginTxx(ctx, readCommitted)
 	if err != nil {
 		return Row{}, fmt.Errorf("txlog: get %s: begin: %w", id, err)
 	}
 	defer func() { _ = tx.Rollback() }() // read-only: nothing to commit
 	var r dbRow
-	if err := tx.GetContext(ctx, &r, s.q.get, id); err != nil {
+	if err := s.stmts.TxGet(ctx, tx, &r, s.q.get, id); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return Row{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 		}
@@ -192,7 +281,7 @@ func (s *Store) Record(ctx context.Context, r Row) (row Row, inserted bool, err 
 	if err != nil {
 		return Row{}, false, err
 	}
-	res, err := s.db.ExecContext(ctx, s.q.insertIgnore, a...)
+	res, err := s.stmts.Exec(ctx, s.q.insertIgnore, a...)
 	if err != nil {
 		return Row{}, false, fmt.Errorf("txlog: record %s: %w", r.EventID, err)
 	}
@@ -222,7 +311,7 @@ func (s *Store) MarkRecovered(ctx context.Context, id string, d RecoveryDecision
 	if len(note) > 255 {
 		note = note[:255]
 	}
-	res, err := s.db.ExecContext(ctx, s.q.markRecovered, s.now(), string(d), nullable(note), id)
+	res, err := s.stmts.Exec(ctx, s.q.markRecovered, s.now(), string(d), nullable(note), id)
 	if err != nil {
 		return fmt.Errorf("txlog: mark recovered %s: %w", id, err)
 	}
@@ -351,7 +440,7 @@ func (s *Store) DeleteTerminalBefore(ctx context.Context, cutoff time.Time, batc
 			if err := ctx.Err(); err != nil {
 				return total, fmt.Errorf("txlog: delete: %w", err)
 			}
-			res, err := s.db.ExecContext(ctx, s.q.deleteBatch, string(st), cutoff.UTC(), batch)
+			res, err := s.stmts.Exec(ctx, s.q.deleteBatch, string(st), cutoff.UTC(), batch)
 			if err != nil {
 				return total, fmt.Errorf("txlog: delete: %w", err)
 			}

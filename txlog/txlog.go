@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
 // DefaultPrefix is the table prefix used by rmqtx unless configured: the
-// log lives in table rmqtx_txlog.
-const DefaultPrefix = "rmqtx_"
+// log lives in table rmqtx_txlog. It is the one rmqtx default
+// (internal/sqlname), shared by every package.
+const DefaultPrefix = sqlname.DefaultPrefix
 
 // MinRetention is the shortest retention DeleteTerminalBefore accepts. A
 // COMMITTED row must outlive every check and the discard recovery of its

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
@@ -91,9 +92,13 @@ type Config struct {
 	// Resolver is asked by checks when no txlog row exists. Default none.
 	Resolver checkback.Resolver
 	// WarmupTopics are probed on Start with a half message that is rolled
-	// back, so that the broker knows this instance before its first Send
-	// and sends it checks (a restarted instance otherwise receives none
-	// until it sends). List at least one topic per broker. Default none.
+	// back, which teaches the client every broker with queues of the
+	// topic; Start then heartbeats those brokers and confirms that each
+	// registered this instance, so they send it checks before its first
+	// Send (a restarted instance otherwise receives none until it sends).
+	// On a cluster, list topics that together have queues on every master
+	// broker: Start warns about a master that serves none of them.
+	// Default none.
 	WarmupTopics []string
 	// DisableRecovery does not start discard recovery (checkback.Recovery)
 	// with the producer. Default false.
@@ -102,6 +107,13 @@ type Config struct {
 	RecoveryStartRetry time.Duration
 	// Metrics records sends, check answers, fences and recoveries. Default nil.
 	Metrics *metrics.Metrics
+	// TracerProvider traces Send (spans otelx.SpanSend, SpanHalfSend,
+	// SpanLocalTx; the caller's function runs inside the local-transaction
+	// span), the check answers and discard recovery's republishes, and puts
+	// the Send's trace context on the message (properties traceparent and
+	// tracestate, WIRE.md) so that the consumer's span joins its trace.
+	// Default nil: no tracing, no cost.
+	TracerProvider trace.TracerProvider
 	// Logger for the producer, its checks and rocketmq-client-go's global
 	// logger (installed once per process). Default quiet.
 	Logger logrus.FieldLogger

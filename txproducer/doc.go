@@ -36,6 +36,13 @@
 // ROLLBACK without running the local transaction); warm-up on Start so a
 // restarted instance receives checks before its first Send, with probes the
 // client rolls back itself (answered from the listener, it logs each one as
-// an ERROR); the client's check goroutine, which it never stops, is stopped
-// on Shutdown.
+// an ERROR) and a heartbeat to every broker of the warm-up topics right
+// after them (the client's own comes 1 s after Start, then every 30 s; a
+// warm-up that ended later left the instance unknown to the brokers for
+// 30 s). The upstream client never stops its check goroutine (one goroutine
+// per producer lifecycle); rmqtx no longer closes the client's private
+// channel by reflection, which raced with a check being handed over. The
+// patched client in third_party/rocketmq-client-go (PATCHES.md, patch 2)
+// stops it on Shutdown; with the upstream client one idle goroutine stays
+// per Start/Shutdown cycle.
 package txproducer

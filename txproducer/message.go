@@ -21,9 +21,13 @@ type LocalTxFunc func(ctx context.Context, tx *sqlx.Tx) error
 
 // Message is one event to publish.
 type Message struct {
-	Topic string   // required
-	Tags  string   // optional RocketMQ tag
-	Keys  []string // optional RocketMQ keys; the event id is always added
+	Topic string // required
+	// Tags is the RocketMQ tag. Default: the event type, so tag filters in
+	// any client select events by type (WIRE.md).
+	Tags string
+	// Keys are RocketMQ keys; the event id is always added as the last key
+	// (wire.Keys), where WIRE.md documents it.
+	Keys []string
 	// EventID is the stable id. Empty: a new UUIDv7. Supply your own (up to
 	// 64 bytes) to retry a Send that returned ErrCommitUnknown, or to derive
 	// the id from a business key so duplicate requests collapse into one
@@ -142,6 +146,18 @@ func validate(m Message, env envelope.Envelope, maxPayload int) error {
 		return wrapf(ErrInvalidMessage, "properties (headers) take %d bytes, limit %d", n, maxPropertiesLen)
 	}
 	return nil
+}
+
+// tag is the tag Send writes: Tags, else the event type (WIRE.md), so that
+// tag filters in any client select events by type. It is applied after
+// validate: the tag rules (no "||") bind the caller's Tags, while a type
+// that a tag expression cannot match still travels as its tag and is
+// selected by "*".
+func (m Message) tag() string {
+	if m.Tags != "" {
+		return m.Tags
+	}
+	return m.EventType
 }
 
 func (m Message) envelope(id string) envelope.Envelope {

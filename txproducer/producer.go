@@ -15,17 +15,19 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
 // firstHeartbeat is when rocketmq-client-go sends its first heartbeat after
-// Start (then every 30 s). Brokers learned by the warm-up probes before it
-// register this instance for checks.
+// Start (then every 30 s). Warm-up heartbeats itself (see warmup.go) and
+// waits for this one only when it cannot.
 const firstHeartbeat = time.Second
 
 type lifecycle int
@@ -44,6 +46,7 @@ type Producer struct {
 	log      *txlog.Store
 	checker  *checkback.Checker
 	recovery *checkback.Recovery
+	tr       *otelx.Tracer // nil: tracing off
 
 	mu       sync.Mutex
 	state    lifecycle
@@ -69,17 +72,19 @@ func New(cfg Config) (*Producer, error) {
 	checker, err := checkback.New(checkback.Config{
 		Log: halfLog{store}, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
 		Resolver: cfg.Resolver, Metrics: cfg.Metrics, Logger: cfg.Logger, OnAnswer: cfg.OnCheck,
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("txproducer: %w", err)
 	}
-	p := &Producer{cfg: cfg, db: db, log: store, checker: checker}
+	p := &Producer{cfg: cfg, db: db, log: store, checker: checker, tr: otelx.New(cfg.TracerProvider)}
 	if !cfg.DisableRecovery {
 		p.recovery, err = checkback.NewRecovery(checkback.RecoveryConfig{
 			NameServer: cfg.NameServer, Group: cfg.Group, Log: store,
 			InstanceName: cfg.InstanceName + "-recovery", StartRetry: cfg.RecoveryStartRetry,
 			SendTimeout: cfg.SendTimeout, QueryTimeout: cfg.CheckTimeout,
 			Metrics: cfg.Metrics, Logger: cfg.Logger, OnDecision: cfg.OnRecovery,
+			TracerProvider: cfg.TracerProvider,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("txproducer: %w", err)
@@ -97,9 +102,9 @@ func (p *Producer) InstanceName() string { return p.cfg.InstanceName }
 // Start checks FenceAge against the brokers' settings (see
 // Config.FenceAge), connects to the name server, warms up (see
 // Config.WarmupTopics), starts discard recovery, and begins answering
-// checks. It returns after the client's first heartbeat (about one second),
-// so checks for older transactions of the group can reach this instance
-// before its first Send.
+// checks. With WarmupTopics it returns once every broker of those topics
+// has registered this instance (see warmup.go), so checks for older
+// transactions of the group can reach it before its first Send.
 func (p *Producer) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -130,25 +135,10 @@ func (p *Producer) Start(ctx context.Context) error {
 	}
 	fail := func(err error) error {
 		_ = tp.Shutdown()
-		stopCheckLoop(tp)
 		return err
 	}
-	for _, topic := range p.cfg.WarmupTopics {
-		if err := p.probe(ctx, tp, topic); err != nil {
-			return fail(err)
-		}
-	}
-	if len(p.cfg.WarmupTopics) > 0 {
-		if time.Since(started) > firstHeartbeat-100*time.Millisecond {
-			p.cfg.Logger.Warn("txproducer: warm-up took longer than the client's first heartbeat; checks may reach this instance only after the next one (30 s)")
-		}
-		t := time.NewTimer(time.Until(started.Add(firstHeartbeat + 200*time.Millisecond)))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return fail(fmt.Errorf("txproducer: start: %w", ctx.Err()))
-		}
+	if err := p.warmup(ctx, tp, started); err != nil {
+		return fail(err)
 	}
 	if p.recovery != nil {
 		if err := p.recovery.Start(ctx); err != nil {
@@ -203,12 +193,14 @@ type call struct {
 	state State
 	dup   bool
 	err   error
+
+	// halfSp is the span of the half message's send, ended when the local
+	// transaction starts (or the send returns without running it).
+	halfSp otelx.Span
 }
 
-// Send publishes msg if and only if fn commits. See the package doc. The
-// Result's State tells committed, rolled back and unknown apart; err says
-// why when it is not committed (and wraps ErrLocalTx with fn's error).
-func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Result, error) {
+// send is Send without its span (see tracing.go).
+func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Result, error) {
 	p.mu.Lock()
 	switch p.state {
 	case stateNew:
@@ -235,10 +227,12 @@ func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	if err := validate(msg, env, p.cfg.MaxPayloadBytes); err != nil {
 		return res, err
 	}
+	msg.Tags = msg.tag() // the wire format's default tag: the event type
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("%w: %w", ErrSend, err)
 	}
 	props := env.Properties(msg.Payload)
+	p.tr.Inject(ctx, props) // the Send span's context; stored with the txlog row too
 	rm := primitive.NewMessage(msg.Topic, msg.Payload)
 	rm.WithProperties(props)
 	if msg.Tags != "" {
@@ -265,7 +259,9 @@ func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	p.calls.Store(rm, c)
 	defer p.calls.Delete(rm)
 
+	_, c.halfSp = p.tr.Start(ctx, otelx.SpanHalfSend, trace.SpanKindClient, otelx.Attrs{})
 	sr, err := tp.SendMessageInTransaction(ctx, rm)
+	endHalf(c.halfSp, sr, err) // ended already if the local transaction ran
 	failpoint.Inject(failpoint.AfterEndTransaction)
 	if err != nil {
 		c.err = fmt.Errorf("%w: %s: %w", ErrSend, msg.Topic, err)
@@ -513,11 +509,7 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	stop := func() error {
-		err := tp.Shutdown()
-		stopCheckLoop(tp)
-		return err
-	}
+	stop := tp.Shutdown
 	if drained {
 		if err := stop(); err != nil {
 			errs = append(errs, err)
@@ -563,7 +555,7 @@ func (l *listener) ExecuteLocalTransaction(m *primitive.Message) (st primitive.L
 		// Not a Send of ours (probes never get here, see probeRollback).
 		return primitive.RollbackMessageState
 	}
-	return l.p.runLocal(v.(*call), m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
+	return l.p.runLocalTraced(v.(*call), m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
 }
 
 func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.LocalTransactionState) {

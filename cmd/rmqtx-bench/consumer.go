@@ -70,25 +70,37 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		"rounds": fmt.Sprint(o.Rounds), "batch": "1",
 	}}
 	raw := &Side{Name: sideRawHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; handler: BEGIN; business INSERT; COMMIT"}
+	rawDedup := &Side{Name: sideRawDedup, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; hand-written idempotent handler: BEGIN; INSERT IGNORE dedup row (group, event id); business INSERT unless it was there; COMMIT"}
 	first := &Side{Name: sideFirst, Unit: "msgs/s", Description: "rmqtx consumer, first delivery: BEGIN; dedup INSERT; business INSERT; COMMIT"}
+	batch := &Side{Name: sideBatch, Unit: "msgs/s", Description: fmt.Sprintf("rmqtx consumer, BatchTransaction (BatchSize %d): per delivered batch BEGIN; one dedup INSERT; per event SAVEPOINT + business INSERT; COMMIT", consumer.DefaultBatchTxSize)}
 	cold := &Side{Name: sideDupCold, Unit: "msgs/s", Description: "duplicate hit (cold: new consumer instance of the group, DB dedup): BEGIN; dedup INSERT .. ON DUPLICATE KEY (hash check); ROLLBACK, then, once 48 of the last 64 were duplicates, one point read of the committed dedup row; handler not run"}
 	warm := &Side{Name: sideDupWarm, Unit: "msgs/s", Description: "duplicate hit (warm: the Processor instance that applied them, dedup cache): no database round trip, handler not run"}
 	noop := &Side{Name: sideNoopHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer, handler does nothing: the client's own ceiling"}
-	w.Sides = []*Side{raw, first, cold, warm, noop}
+	w.Sides = []*Side{raw, rawDedup, first, batch, cold, warm, noop}
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
-	rawTable, txTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc")
+	rawTable, txTable, dedupTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc"), e.Names.Name("orders_rawdc")
+	batchTable := e.Names.Name("orders_batchc")
+	handDedup := e.Names.Name("handdedup")
 	prefix := e.Names.Name("c") + "_"
 	for _, t := range []string{topic, dupTopic} {
 		if err := e.CreateTopic(ctx, t, 4); err != nil {
 			return fail(err)
 		}
 	}
-	for _, t := range []string{rawTable, txTable} {
+	for _, t := range []string{rawTable, txTable, dedupTable, batchTable} {
 		if err := e.businessTable(ctx, t); err != nil {
 			return fail(err)
 		}
+	}
+	if _, err := e.DB.ExecContext(ctx, `CREATE TABLE `+handDedup+` (
+  consumer_group VARCHAR(255) NOT NULL,
+  event_id VARCHAR(64) NOT NULL,
+  created_at DATETIME(6) NOT NULL,
+  PRIMARY KEY (consumer_group, event_id)
+) ENGINE=InnoDB`); err != nil {
+		return fail(fmt.Errorf("create table %s: %w", handDedup, err))
 	}
 	if err := consumer.Migrate(ctx, e.DB, prefix); err != nil {
 		return fail(fmt.Errorf("consumer migrate: %w", err))
@@ -115,7 +127,8 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	_ = p.Shutdown()
 	e.Log("  preloaded %d messages into 2 topics in %s", n, time.Since(t0).Round(time.Millisecond))
 
-	rawInsert, txInsert := insertOrderSQL(rawTable), insertOrderSQL(txTable)
+	rawInsert, txInsert, dedupInsert := insertOrderSQL(rawTable), insertOrderSQL(txTable), insertOrderSQL(dedupTable)
+	dedupRow := "INSERT IGNORE INTO " + handDedup + " (consumer_group, event_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
 	startNoop := func(group string) func() (*drain, error) {
 		return func() (*drain, error) {
 			var c atomic.Int64
@@ -151,6 +164,80 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				return nil, err
 			}
 			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+		}
+	}
+	// startRawDedup is what a careful user writes without rmqtx: the dedup
+	// row and the business row in one transaction, a duplicate rolled back.
+	var rawDedupDups atomic.Int64
+	startRawDedup := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			var c atomic.Int64
+			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
+				id := m.GetProperty(envelope.PropEventID)
+				tx, err := e.DB.BeginTxx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				res, err := tx.ExecContext(ctx, dedupRow, group, id)
+				if err != nil {
+					_ = tx.Rollback()
+					return err
+				}
+				if n, err := res.RowsAffected(); err != nil || n == 0 {
+					_ = tx.Rollback()
+					if err != nil {
+						return err
+					}
+					rawDedupDups.Add(1)
+					return nil // a duplicate: ACK without the effect
+				}
+				if _, err := tx.ExecContext(ctx, dedupInsert, id, int64(len(m.Body)), m.Body); err != nil {
+					_ = tx.Rollback()
+					return err
+				}
+				if err := tx.Commit(); err != nil {
+					return err
+				}
+				c.Add(1)
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+		}
+	}
+	batchInsert := insertOrderSQL(batchTable)
+	batchHandler := func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+		_, err := tx.ExecContext(ctx, batchInsert, ev.ID, int64(len(ev.Payload)), ev.Payload)
+		return err
+	}
+	startBatch := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			c, err := consumer.New(consumer.Config{
+				ProcessorConfig: consumer.ProcessorConfig{
+					Group: group, DB: e.DB, TablePrefix: prefix,
+					Routes:      map[string]consumer.Route{benchEventType: {Handler: batchHandler}},
+					VersionMode: consumer.VersionNone,
+				},
+				NameServer:       []string{e.S.NameServer},
+				Topic:            topic,
+				Goroutines:       o.Concurrency,
+				BatchTransaction: true,
+			})
+			if err != nil {
+				return nil, err
+			}
+			if err := c.Start(ctx); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			stop := func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_ = c.Shutdown(sctx)
+			}
+			return &drain{count: func() int64 { return c.Processor().Stats().Applied }, stop: stop}, nil
 		}
 	}
 	var handlerRuns atomic.Int64
@@ -241,25 +328,36 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		e.Log("  warm-up done")
 	}
 
-	order, dupOrder := []string{sideRawHandler, sideFirst}, []string{sideDupWarm, sideDupCold}
+	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideBatch}, []string{sideDupWarm, sideDupCold}
 	logRound := func(r int, name string, ro Round) {
 		e.Log("  round %d %-34s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
 	}
 	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
-		rawGroup, txGroup := e.Names.Name("craw"), e.Names.Name("ctx")
+		rawGroup, txGroup, dedupGroup, batchGroup := e.Names.Name("craw"), e.Names.Name("ctx"), e.Names.Name("crawd"), e.Names.Name("cbatch")
 		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
 				ro  Round
 				err error
 			)
-			if name == sideRawHandler {
+			switch name {
+			case sideRawHandler:
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRaw(rawGroup))
 				if err == nil {
 					raw.Rounds = append(raw.Rounds, ro)
 				}
-			} else {
+			case sideBatch:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(batchGroup))
+				if err == nil {
+					batch.Rounds = append(batch.Rounds, ro)
+				}
+			case sideRawDedup:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawDedup(dedupGroup))
+				if err == nil {
+					rawDedup.Rounds = append(rawDedup.Rounds, ro)
+				}
+			default:
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false, func(c *consumer.Consumer) { applier = c }))
 				if err == nil {
 					first.Rounds = append(first.Rounds, ro)
@@ -325,6 +423,15 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		} else {
 			e.Log("  check: %d rmqtx business rows = %d groups x %d events; 0 effects from %d duplicate deliveries", rows, rounds+warmup, n, int64(len(cold.Rounds)+len(warm.Rounds))*int64(n))
 		}
+	}
+	if rows, err := e.countRows(ctx, batchTable); err == nil && int64(rows) != int64(len(batch.Rounds))*int64(n) {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d batch-mode business rows for %d (group, event) pairs", rows, int64(len(batch.Rounds))*int64(n)))
+	}
+	if rows, err := e.countRows(ctx, dedupTable); err == nil && int64(rows) != int64(len(rawDedup.Rounds))*int64(n) {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d hand-written dedup business rows for %d (group, event) pairs", rows, int64(len(rawDedup.Rounds))*int64(n)))
+	}
+	if d := rawDedupDups.Load(); d > 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("raw handler + dedup absorbed %d redeliveries", d))
 	}
 	w.Notes = append(w.Notes,
 		"rate = messages processed from the first to the last one (polled every 2ms), so client start-up and rebalancing are excluded; wall time with start-up is in the JSON (extra.wall_seconds)",

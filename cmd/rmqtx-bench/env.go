@@ -231,6 +231,19 @@ func waitFor(ctx context.Context, timeout, tick time.Duration, cond func() (bool
 	}
 }
 
+// LoadAvg returns the 1, 5 and 15 minute load averages ("" if unknown).
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // ReadMachine describes the host.
 func ReadMachine(ctx context.Context, db *sqlx.DB, brokerVersion string) Machine {
 	m := Machine{
@@ -266,6 +279,10 @@ func ReadMachine(ctx context.Context, db *sqlx.DB, brokerVersion string) Machine
 	if err := db.GetContext(ctx, &v, "SELECT VERSION()"); err == nil {
 		m.DBVersion = v
 	}
+	if err := db.GetContext(ctx, &v, "SELECT @@innodb_flush_log_at_trx_commit"); err == nil {
+		m.DBFlush = v
+	}
+	m.LoadStart = LoadAvg()
 	if m.BrokerVersion == "" {
 		m.BrokerVersion = "unknown"
 	}

@@ -20,11 +20,17 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 		"round": roundDesc(o), "rounds": fmt.Sprint(o.Rounds),
 	}}
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
-	rawTable, txTable := e.Names.Name("orders_rawl"), e.Names.Name("orders_rmqtxl")
-	for _, t := range []string{rawTable, txTable} {
+	rawTable, txTable, logTable := e.Names.Name("orders_rawl"), e.Names.Name("orders_rmqtxl"), e.Names.Name("orders_rawll")
+	for _, t := range []string{rawTable, txTable, logTable} {
 		if err := e.businessTable(ctx, t); err != nil {
 			return fail(err)
 		}
+	}
+	handLog := e.Names.Name("handlog_l")
+	if _, err := e.DB.ExecContext(ctx, `CREATE TABLE `+handLog+` (
+  event_id VARCHAR(64) NOT NULL PRIMARY KEY, topic VARCHAR(255) NOT NULL, state VARCHAR(16) NOT NULL,
+  payload MEDIUMBLOB NULL, created_at DATETIME(6) NOT NULL) ENGINE=InnoDB`); err != nil {
+		return fail(err)
 	}
 	store, err := newTxlog(ctx, e)
 	if err != nil {
@@ -42,6 +48,27 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, rawInsert, envelope.NewEventID(), int64(len(payload)), payload); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+
+	hand := &loopSide{side: &Side{Name: "raw + hand-written log (no broker)", Unit: "tx/s", Description: "BEGIN; INSERT into a hand-written log (id, topic, state, payload); business INSERT; COMMIT"}, table: logTable}
+	logInsert := "INSERT INTO " + handLog + " (event_id, topic, state, payload, created_at) VALUES (?, ?, 'COMMITTED', ?, UTC_TIMESTAMP(6))"
+	handInsert := insertOrderSQL(logTable)
+	hand.op = hand.counted(func(ctx context.Context, _ int, seq int64) error {
+		id := envelope.NewEventID()
+		payload := makePayload(payloadSize, seq)
+		tx, err := e.DB.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, logInsert, id, topic, payload); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, handInsert, id, int64(len(payload)), payload); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
@@ -77,8 +104,8 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 		}
 		return t.Commit()
 	})
-	w.Sides = []*Side{raw.side, tx.side}
-	measureLoops(ctx, e, w, []*loopSide{raw, tx})
+	w.Sides = []*Side{raw.side, hand.side, tx.side}
+	measureLoops(ctx, e, w, []*loopSide{raw, hand, tx})
 	w.Notes = append(w.Notes, "diagnostic for the producer ratio: the same local transactions without the broker")
 	return w
 }

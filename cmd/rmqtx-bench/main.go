@@ -36,7 +36,8 @@ type Options struct {
 	Rounds      int
 	Duration    time.Duration // producer: length of one measured round per side
 	N           int64         // producer: operations per round per side (overrides Duration)
-	Messages    int           // consumer and outbox: messages per round per side
+	Messages    int           // consumer: messages per round per side
+	OutboxRows  int           // outbox: rows per round per side
 	Halves      int           // checkback: orphaned half messages per round
 	Warmup      time.Duration
 	Payload     int
@@ -45,18 +46,20 @@ type Options struct {
 	Verbose     bool
 	DSNParams   string // extra go-sql-driver DSN parameters, both sides
 	NoPayload   bool   // txproducer DisablePayloadStorage (experiment)
+	NoTxlogIdx  bool   // drop the txlog's secondary indexes (experiment)
 }
 
-var allWorkloads = []string{"producer", "localtx", "consumer", "outbox", "checkback"}
+var allWorkloads = []string{"roundtrips", "producer", "localtx", "consumer", "outbox", "checkback"}
 
 type workloadFunc func(ctx context.Context, e *Env) *Workload
 
 var workloadFuncs = map[string]workloadFunc{
-	"producer":  runProducer,
-	"localtx":   runLocalTx,
-	"consumer":  runConsumer,
-	"outbox":    runOutbox,
-	"checkback": runCheckback,
+	"roundtrips": runRoundTrips,
+	"producer":   runProducer,
+	"localtx":    runLocalTx,
+	"consumer":   runConsumer,
+	"outbox":     runOutbox,
+	"checkback":  runCheckback,
 }
 
 func main() {
@@ -79,7 +82,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&opt.Rounds, "rounds", 5, "measured rounds per side; sides alternate within each round")
 	fs.DurationVar(&opt.Duration, "duration", 2*time.Second, "producer: length of one measured round per side")
 	fs.Int64Var(&opt.N, "n", 0, "producer: operations per round per side instead of -duration (0: use -duration)")
-	fs.IntVar(&opt.Messages, "messages", 2000, "consumer and outbox: messages per round per side")
+	fs.IntVar(&opt.Messages, "messages", 2000, "consumer: messages per round per side")
+	fs.IntVar(&opt.OutboxRows, "outbox-rows", 10000, "outbox: rows per round per side (a round of 2000 rows lasts about 0.3 s: too short to time)")
 	fs.IntVar(&opt.Halves, "halves", 200, "checkback: orphaned half messages per round")
 	fs.DurationVar(&opt.Warmup, "warmup", 2*time.Second, "warm-up per side before the first measured round")
 	fs.IntVar(&opt.Payload, "payload", 512, "message payload size in bytes")
@@ -92,6 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.Verbose, "v", false, "log progress and client warnings to stderr")
 	fs.StringVar(&opt.DSNParams, "dsn-params", "", "extra go-sql-driver DSN parameters for every side, e.g. interpolateParams=true")
 	fs.BoolVar(&opt.NoPayload, "txlog-no-payload", false, "rmqtx producer: DisablePayloadStorage (only the hash is stored in the txlog)")
+	fs.BoolVar(&opt.NoTxlogIdx, "txlog-no-index", false, "experiment: drop the txlog's two secondary indexes (what the insert costs without them; tooling needs them)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -106,7 +111,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		opt.Workloads = append(opt.Workloads, w)
 	}
-	if opt.Concurrency < 1 || opt.Rounds < 1 || opt.Payload < 1 || opt.Messages < 1 || opt.Halves < 2 {
+	if opt.Concurrency < 1 || opt.Rounds < 1 || opt.Payload < 1 || opt.Messages < 1 || opt.OutboxRows < 1 || opt.Halves < 2 {
 		fmt.Fprintln(stderr, "rmqtx-bench: -concurrency, -rounds, -payload, -messages must be >= 1 and -halves >= 2")
 		return 2
 	}
@@ -150,6 +155,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"duration":    opt.Duration.String(),
 		"n":           fmt.Sprint(opt.N),
 		"messages":    fmt.Sprint(opt.Messages),
+		"outbox_rows": fmt.Sprint(opt.OutboxRows),
 		"halves":      fmt.Sprint(opt.Halves),
 		"warmup":      opt.Warmup.String(),
 		"payload":     fmt.Sprint(opt.Payload),
@@ -160,6 +166,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if opt.NoPayload {
 		rep.Settings["txlog_no_payload"] = "true"
+	}
+	if opt.NoTxlogIdx {
+		rep.Settings["txlog_no_index"] = "true"
 	}
 	for _, k := range []string{"RMQTX_TX_TIMEOUT_MS", "RMQTX_TX_CHECK_INTERVAL_MS", "RMQTX_TX_CHECK_MAX"} {
 		if v := os.Getenv(k); v != "" {
@@ -197,6 +206,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		logf("workload %s done in %s", name, time.Since(t0).Round(time.Second))
 	}
 	rep.Seconds = time.Since(rep.StartedAt).Seconds()
+	rep.Machine.LoadEnd = LoadAvg()
 	for _, w := range rep.Workloads {
 		addRatios(w)
 	}
@@ -237,14 +247,17 @@ func writeJSON(rep *Report, path string, stdout io.Writer) error {
 	return f.Close()
 }
 
-// Side names and the issue's targets (issue 8).
+// Side names and the issue's targets (issues 8 and 14).
 const (
 	sideRawTx       = "raw tx producer"
+	sideRawTxLog    = "raw tx producer + txlog"
 	sideRawSendSync = "raw SendSync (ceiling, no DB)"
 	sideRmqtxSend   = "rmqtx Send"
 
 	sideRawHandler  = "raw handler"
+	sideRawDedup    = "raw handler + dedup"
 	sideFirst       = "rmqtx first delivery"
+	sideBatch       = "rmqtx batch mode"
 	sideDupCold     = "rmqtx duplicate hit, cold (DB)"
 	sideDupWarm     = "rmqtx duplicate hit, warm (cache)"
 	sideNoopHandler = "raw no-op handler (ceiling)"
@@ -254,10 +267,13 @@ const (
 	sideOutboxTwo  = "rmqtx dispatcher x2"
 	sideCheckResol = "rmqtx check-back (2nd instance)"
 
-	targetProducer  = 0.90
-	targetFirst     = 0.85
-	targetDuplicate = 2.0
-	targetOutbox    = 0.80
+	targetProducer      = 0.90
+	targetProducerTxLog = 1.05
+	targetFirst         = 0.85
+	targetFirstDedup    = 1.0
+	targetBatch         = 2.0
+	targetDuplicate     = 2.0
+	targetOutbox        = 1.5
 )
 
 // addRatios adds each workload's ratios (skipped when a side did not run).
@@ -265,12 +281,16 @@ func addRatios(w *Workload) {
 	switch w.Name {
 	case "producer":
 		w.AddRatio("rmqtx Send / raw tx producer (tx/s)", sideRmqtxSend, sideRawTx, targetProducer)
+		w.AddRatio("rmqtx Send / raw tx producer + txlog", sideRmqtxSend, sideRawTxLog, targetProducerTxLog)
 		w.AddRatio("rmqtx Send / raw SendSync ceiling (tx/s)", sideRmqtxSend, sideRawSendSync, 0)
 		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
 	case "localtx":
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
+		w.AddRatio("rmqtx local tx / raw + hand-written log", "rmqtx local tx (no broker)", "raw + hand-written log (no broker)", 0)
 	case "consumer":
 		w.AddRatio("rmqtx first delivery / raw handler", sideFirst, sideRawHandler, targetFirst)
+		w.AddRatio("rmqtx first delivery / raw handler + dedup", sideFirst, sideRawDedup, targetFirstDedup)
+		w.AddRatio("rmqtx batch mode / raw handler", sideBatch, sideRawHandler, targetBatch)
 		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
 		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)
 		w.AddRatio("duplicate cold (DB) / raw no-op ceiling", sideDupCold, sideNoopHandler, 0)

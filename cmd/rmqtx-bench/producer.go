@@ -38,9 +38,10 @@ func (s *loopSide) counted(op Op) Op {
 }
 
 // runProducer measures the transactional producer: the raw transactional
-// producer with a hand-written listener (business insert only), a plain
-// SendSync (the ceiling: no database at all), and rmqtx Send (business insert
-// plus the txlog row).
+// producer with a hand-written listener (business insert only), the same
+// with a hand-written transaction log (the correct equivalent a careful user
+// writes without rmqtx), a plain SendSync (the ceiling: no database at all),
+// and rmqtx Send (business insert plus the txlog row).
 func runProducer(ctx context.Context, e *Env) *Workload {
 	o := e.Opt
 	w := &Workload{Name: "producer", Params: map[string]string{
@@ -64,6 +65,13 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 	} else {
 		add(s)
 	}
+	// Raw transactional producer with a hand-written transaction log.
+	if s, err := rawTxLogSide(ctx, e); err != nil {
+		w.Error = err.Error()
+		return w
+	} else {
+		add(s)
+	}
 	// Raw SendSync: the ceiling.
 	if s, err := rawSendSyncSide(ctx, e); err != nil {
 		w.Error = err.Error()
@@ -82,7 +90,9 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 	measureLoops(ctx, e, w, sides)
 	w.Notes = append(w.Notes,
 		"tx/s counts Sends that returned committed; p50/p99 are per-Send latencies (half message + local tx + end); each side has its own topic (4 queues), group and business table",
-		"the ceiling is a plain SendSync of the same message with no database: what a transactional send costs is the gap between it and the raw tx producer")
+		"the ceiling is a plain SendSync of the same message with no database: what a transactional send costs is the gap between it and the raw tx producer",
+		"raw tx producer + txlog: the hand-written equivalent of rmqtx: the local transaction also inserts a row (event id, topic, state, payload) into its own log table and the check reads it",
+		"rmqtx Send lets txproducer assign the event id (a caller-supplied id is first looked up in the txlog, one more round trip); the business row gets its own id, as on the raw sides")
 	return w
 }
 
@@ -198,6 +208,69 @@ func rawTxSide(ctx context.Context, e *Env) (*loopSide, error) {
 	return s, nil
 }
 
+// rawTxLogSide is the raw transactional producer of a careful user without
+// rmqtx: the local transaction inserts a row into a hand-written transaction
+// log (primary key on the id, the payload kept for a re-publish) before the
+// business insert, and the check answers from that log.
+func rawTxLogSide(ctx context.Context, e *Env) (*loopSide, error) {
+	topic, group, table := e.Names.Name("ptxl"), e.Names.Name("ptxlg"), e.Names.Name("orders_rawtxl")
+	logTable := e.Names.Name("handlog")
+	if err := e.CreateTopic(ctx, topic, 4); err != nil {
+		return nil, err
+	}
+	if err := e.businessTable(ctx, table); err != nil {
+		return nil, err
+	}
+	if _, err := e.DB.ExecContext(ctx, `CREATE TABLE `+logTable+` (
+  event_id VARCHAR(64) NOT NULL PRIMARY KEY,
+  topic VARCHAR(255) NOT NULL,
+  state VARCHAR(16) NOT NULL,
+  payload MEDIUMBLOB NULL,
+  created_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB`); err != nil {
+		return nil, fmt.Errorf("create table %s: %w", logTable, err)
+	}
+	l := &rawTxListener{
+		db:        e.DB,
+		insert:    insertOrderSQL(table),
+		logInsert: "INSERT INTO " + logTable + " (event_id, topic, state, payload, created_at) VALUES (?, ?, 'COMMITTED', ?, UTC_TIMESTAMP(6))",
+		check:     "SELECT COUNT(*) FROM " + logTable + " WHERE event_id = ? AND state = 'COMMITTED'",
+		timeout: func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 10*time.Second)
+		},
+	}
+	p, err := rmq.NewTransactionProducer(l,
+		producer.WithNsResolver(e.S.Resolver()),
+		producer.WithGroupName(group),
+		producer.WithInstanceName(group+"-"+randHex(6)),
+		producer.WithRetry(2),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("raw tx producer: %w", err)
+	}
+	if err := p.Start(); err != nil {
+		return nil, fmt.Errorf("raw tx producer start: %w", err)
+	}
+	s := &loopSide{
+		side:  &Side{Name: sideRawTxLog, Unit: "tx/s", Description: "rocketmq-client-go TransactionProducer, hand-written listener with its own log: BEGIN; log INSERT; business INSERT; COMMIT; the check reads the log"},
+		close: func() { _ = p.Shutdown() },
+		table: table,
+	}
+	payloadSize := e.Opt.Payload
+	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
+		id := envelope.NewEventID()
+		res, err := p.SendMessageInTransaction(ctx, rawMessage(topic, id, makePayload(payloadSize, seq)))
+		if err != nil {
+			return err
+		}
+		if res.State != primitive.CommitMessageState {
+			return fmt.Errorf("local transaction state %d", res.State)
+		}
+		return nil
+	})
+	return s, nil
+}
+
 func rawSendSyncSide(ctx context.Context, e *Env) (*loopSide, error) {
 	topic, group := e.Names.Name("psync"), e.Names.Name("psyncg")
 	if err := e.CreateTopic(ctx, topic, 4); err != nil {
@@ -226,6 +299,12 @@ func newTxlog(ctx context.Context, e *Env) (*txlog.Store, error) {
 	}
 	if err := store.Migrate(ctx); err != nil {
 		return nil, fmt.Errorf("txlog migrate: %w", err)
+	}
+	if e.Opt.NoTxlogIdx {
+		t := store.Table()
+		if _, err := e.DB.ExecContext(ctx, "ALTER TABLE "+t+" DROP INDEX "+t+"_state_resolved, DROP INDEX "+t+"_group_created"); err != nil {
+			return nil, fmt.Errorf("txlog drop indexes: %w", err)
+		}
 	}
 	return store, nil
 }
@@ -268,10 +347,10 @@ func rmqtxSendSide(ctx context.Context, e *Env) (*loopSide, error) {
 	insert := insertOrderSQL(table)
 	payloadSize := e.Opt.Payload
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := envelope.NewEventID()
+		id := envelope.NewEventID() // the business row's own id, as on the raw sides
 		payload := makePayload(payloadSize, seq)
 		res, err := p.Send(ctx, txproducer.Message{
-			Topic: topic, Tags: benchEventType, EventType: benchEventType, EventID: id, Payload: payload,
+			Topic: topic, Tags: benchEventType, EventType: benchEventType, Payload: payload,
 		}, func(ctx context.Context, tx *sqlx.Tx) error {
 			_, err := tx.ExecContext(ctx, insert, id, int64(len(payload)), payload)
 			return err

@@ -171,7 +171,10 @@ type Workload struct {
 	Ratios []Ratio           `json:"ratios"`
 	Notes  []string          `json:"notes,omitempty"`
 	Params map[string]string `json:"params,omitempty"`
-	Error  string            `json:"error,omitempty"`
+	// Counts are statement and round-trip counts per operation (workload
+	// roundtrips).
+	Counts []Count `json:"counts,omitempty"`
+	Error  string  `json:"error,omitempty"`
 }
 
 // Side returns the side named name, or nil.
@@ -203,7 +206,13 @@ type Machine struct {
 	OSArch        string `json:"os_arch"`
 	BrokerVersion string `json:"broker_version"`
 	DBVersion     string `json:"db_version"`
-	Hostname      string `json:"hostname,omitempty"`
+	// DBFlush is the server's innodb_flush_log_at_trx_commit (1: durable,
+	// the default; 2: the test bed's).
+	DBFlush string `json:"db_flush_log_at_trx_commit,omitempty"`
+	// LoadStart and LoadEnd are /proc/loadavg at the start and the end.
+	LoadStart string `json:"load_start,omitempty"`
+	LoadEnd   string `json:"load_end,omitempty"`
+	Hostname  string `json:"hostname,omitempty"`
 }
 
 // Report is everything one run measured: the JSON document.
@@ -276,7 +285,10 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "rmqtx-bench %s  (%.0fs)\n", r.StartedAt.UTC().Format(time.RFC3339), r.Seconds)
 	fmt.Fprintf(w, "machine: %d cores (GOMAXPROCS %d), %.1f GiB, %s, %s, %s\n",
 		m.Cores, m.GOMAXPROCS, float64(m.MemoryBytes)/(1<<30), m.CPUModel, m.GoVersion, m.OSArch)
-	fmt.Fprintf(w, "services: RocketMQ %s, %s\n", m.BrokerVersion, m.DBVersion)
+	fmt.Fprintf(w, "services: RocketMQ %s, %s (innodb_flush_log_at_trx_commit=%s)\n", m.BrokerVersion, m.DBVersion, m.DBFlush)
+	if m.LoadStart != "" {
+		fmt.Fprintf(w, "load average: %s at the start, %s at the end\n", m.LoadStart, m.LoadEnd)
+	}
 	keys := make([]string, 0, len(r.Settings))
 	for k := range r.Settings {
 		keys = append(keys, k)
@@ -308,7 +320,9 @@ func (r *Report) WriteTable(w io.Writer) {
 		if wl.Error != "" {
 			fmt.Fprintf(w, "  ERROR: %s\n", wl.Error)
 		}
-		fmt.Fprintf(w, "  %-34s %12s %9s %9s %8s %6s  %s\n", "side", "rate (median)", "p50", "p99", "secs", "errors", "rounds")
+		if len(wl.Sides) > 0 {
+			fmt.Fprintf(w, "  %-34s %12s %9s %9s %8s %6s  %s\n", "side", "rate (median)", "p50", "p99", "secs", "errors", "rounds")
+		}
 		for _, s := range wl.Sides {
 			if s.Skipped != "" {
 				fmt.Fprintf(w, "  %-34s skipped: %s\n", s.Name, s.Skipped)
@@ -331,6 +345,9 @@ func (r *Report) WriteTable(w io.Writer) {
 				rr = append(rr, fmtRatio(x))
 			}
 			fmt.Fprintf(w, "  ratio %-44s %7s  %-26s rounds %s\n", ra.Name, fmtRatio(ra.Value), target, strings.Join(rr, " "))
+		}
+		for _, c := range wl.Counts {
+			fmt.Fprintf(w, "  %-62s %s\n", c.Path, c.Summary)
 		}
 		for _, n := range wl.Notes {
 			fmt.Fprintf(w, "  note: %s\n", n)

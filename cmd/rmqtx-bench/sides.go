@@ -129,10 +129,11 @@ func (e *Env) preload(ctx context.Context, p rmq.Producer, msgs []*primitive.Mes
 // the local transaction does the business insert (no transaction log), and
 // the check looks the business row up.
 type rawTxListener struct {
-	db      *sqlx.DB
-	insert  string
-	check   string
-	timeout func() (context.Context, context.CancelFunc)
+	db        *sqlx.DB
+	insert    string
+	logInsert string // when set, a hand-written log row is inserted first
+	check     string
+	timeout   func() (context.Context, context.CancelFunc)
 }
 
 func (l *rawTxListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
@@ -142,6 +143,12 @@ func (l *rawTxListener) ExecuteLocalTransaction(m *primitive.Message) primitive.
 	tx, err := l.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return primitive.RollbackMessageState
+	}
+	if l.logInsert != "" {
+		if _, err := tx.ExecContext(ctx, l.logInsert, id, m.Topic, m.Body); err != nil {
+			_ = tx.Rollback()
+			return primitive.RollbackMessageState
+		}
 	}
 	if _, err := tx.ExecContext(ctx, l.insert, id, int64(len(m.Body)), m.Body); err != nil {
 		_ = tx.Rollback()

@@ -18,9 +18,8 @@ import (
 	"github.com/rmqtx/rmqtx/archive"
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/replay"
-	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/schema"
 )
 
 var errHelp = flag.ErrHelp
@@ -166,40 +165,10 @@ func cmdMigrate(ctx context.Context, args []string, env func(string) string, std
 		return 0, err
 	}
 	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
-		steps := []struct {
-			name string
-			fn   func() error
-		}{
-			{"txlog", func() error {
-				s, err := txlog.New(db, o.prefix)
-				if err != nil {
-					return err
-				}
-				return s.Migrate(ctx)
-			}},
-			{"outbox", func() error {
-				t, err := outbox.NewTable(o.prefix)
-				if err != nil {
-					return err
-				}
-				return t.Migrate(ctx, db)
-			}},
-			{"consumer", func() error { return consumer.Migrate(ctx, db, o.prefix) }},
-			{"replay audit", func() error {
-				r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix})
-				if err != nil {
-					return err
-				}
-				return r.Migrate(ctx)
-			}},
+		if err := schema.MigrateAll(ctx, db, o.prefix); err != nil {
+			return 0, err
 		}
-		var done []string
-		for _, s := range steps {
-			if err := s.fn(); err != nil {
-				return 0, fmt.Errorf("%s: %w", s.name, err)
-			}
-			done = append(done, s.name)
-		}
+		done := schema.PartNames()
 		return exitOK, o.output(stdout, map[string]any{"migrated": done}, func() error {
 			for _, d := range done {
 				fmt.Fprintf(stdout, "migrated %s\n", d)

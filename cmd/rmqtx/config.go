@@ -12,6 +12,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/schema"
 )
 
 // options are the settings every subcommand shares, from flags and the
@@ -63,7 +64,7 @@ func (o *options) register(fs *flag.FlagSet, env func(string) string) {
 	str(&o.mysqlDB, "mysql-database", "", "RMQTX_MYSQL_DATABASE", "MySQL database; env RMQTX_MYSQL_DATABASE")
 	str(&o.nameServer, "namesrv", "", "RMQTX_NAMESRV", "name server addresses, comma separated; env RMQTX_NAMESRV (no default: always explicit)")
 	str(&o.broker, "broker", "", "RMQTX_BROKER", "broker addresses for lookups, comma separated (default: from the name server's route); env RMQTX_BROKER")
-	str(&o.prefix, "table-prefix", "rmqtx_", "RMQTX_TABLE_PREFIX", "table prefix; env RMQTX_TABLE_PREFIX")
+	str(&o.prefix, "table-prefix", schema.DefaultPrefix, "RMQTX_TABLE_PREFIX", "table prefix; env RMQTX_TABLE_PREFIX")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	fs.IntVar(&o.redactPrefix, "redact-prefix", 0, "RISKY: show this many leading payload bytes (default 0: payload sizes only)")
 	fs.BoolVar(&o.showPayload, "show-payload", false, "RISKY: show payloads in clear (card numbers, addresses, ... reach your screen and logs)")

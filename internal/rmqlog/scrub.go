@@ -217,10 +217,16 @@ var safeProperties = map[string]bool{
 	primitive.PropertyCluster:                        true,
 	primitive.PropertyMsgType:                        true,
 	// rmqtx's own envelope (internal/envelope): ids, type and versions only.
-	"RMQTX_EVENT_ID":      true,
-	"RMQTX_EVENT_TYPE":    true,
-	"RMQTX_EVENT_VERSION": true,
-	"RMQTX_AGG_VERSION":   true,
+	"RMQTX_EVENT_ID":       true,
+	"RMQTX_EVENT_TYPE":     true,
+	"RMQTX_EVENT_VERSION":  true,
+	"RMQTX_AGG_VERSION":    true,
+	"RMQTX_FORMAT_VERSION": true,
+	// The W3C trace context (internal/otelx): traceparent is a version,
+	// random trace and span ids and flags, never derived from data.
+	// tracestate stays redacted: vendors and applications put free text in
+	// it.
+	"traceparent": true,
 }
 
 func scrubProperties(m map[string]string) map[string]string {

@@ -259,7 +259,12 @@ func GetOrNewRocketMQClient(option ClientOptions, callbackCh chan interface{}) R
 				Msg:    msgExt,
 				Header: *header,
 			}
-			callbackCh <- callback
+			// rmqtx patch: never block a request goroutine once the client
+			// is shut down (the check goroutine has stopped reading).
+			select {
+			case callbackCh <- callback:
+			case <-client.done:
+			}
 			return nil
 		})
 

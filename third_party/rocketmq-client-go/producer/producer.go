@@ -637,6 +637,11 @@ func (p *defaultProducer) IsUnitMode() bool {
 type transactionProducer struct {
 	producer *defaultProducer
 	listener primitive.TransactionListener
+	// rmqtx patch: done ends the check goroutine on Shutdown; upstream
+	// ranges over callbackCh, which nothing closes (one goroutine leaked
+	// per producer lifecycle).
+	done     chan struct{}
+	stopOnce sync.Once
 }
 
 // TODO: checkLocalTransaction
@@ -648,6 +653,7 @@ func NewTransactionProducer(listener primitive.TransactionListener, opts ...Opti
 	return &transactionProducer{
 		producer: producer,
 		listener: listener,
+		done:     make(chan struct{}),
 	}, nil
 }
 
@@ -658,12 +664,19 @@ func (tp *transactionProducer) Start() error {
 	return tp.producer.Start()
 }
 func (tp *transactionProducer) Shutdown() error {
+	tp.stopOnce.Do(func() { close(tp.done) })
 	return tp.producer.Shutdown()
 }
 
 // TODO: check addr
 func (tp *transactionProducer) checkTransactionState() {
-	for ch := range tp.producer.callbackCh {
+	for {
+		var ch interface{}
+		select {
+		case <-tp.done:
+			return
+		case ch = <-tp.producer.callbackCh:
+		}
 		switch callback := ch.(type) {
 		case *internal.CheckTransactionStateCallback:
 			localTransactionState := tp.listener.CheckLocalTransaction(callback.Msg)

@@ -1,0 +1,127 @@
+//go:build failpoints
+
+package clustersuite
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// TestRecoveryOnEitherBroker: halves of a group with no live instance are
+// given up by their broker after transactionCheckMax checks and moved to
+// that broker's own TRANS_CHECK_MAX_TIME_TOPIC. Discard recovery must
+// resolve them on both brokers: the committed one republished (delivered,
+// applied once), the one without a row fenced and dropped.
+//
+// Phase 1 leaves two halves on one broker and starts recovery once that
+// broker discarded them. Phase 2 then leaves two halves on the other
+// broker while recovery runs. A broker creates its discard topic on its
+// first discard, so on a fresh cluster phase 2 shows how long recovery
+// takes to cover a broker whose discard topic appeared after it
+// subscribed.
+func TestRecoveryOnEitherBroker(t *testing.T) {
+	t.Parallel()
+	b := newBed(t, "recovery")
+	b.startConsumer(t, "c1")
+	ctx := context.Background()
+
+	have := map[string]bool{}
+	if addrs, err := remoting.MasterBrokers(ctx, []string{b.s.NameServer}, 5*time.Second, checkback.DiscardTopic); err == nil {
+		for _, a := range addrs {
+			have[a] = true
+		}
+	}
+	first, second := brokerA, brokerB
+	if have[brokerB] && !have[brokerA] {
+		first, second = brokerB, brokerA
+	}
+	late := !have[second]
+
+	expect := map[string]txlog.RecoveryDecision{}
+	phase := func(broker string) []string {
+		ids := b.crashAll(t, []crashJob{{failpoint.AfterLocalCommit, broker}, {failpoint.InsideLocalTx, broker}})
+		expect[ids[0]], expect[ids[1]] = txlog.RecoveryRepublished, txlog.RecoveryFenced
+		// No instance of the group is online: nobody answers the checks.
+		waitFor(t, 90*time.Second, "the discards on "+brokerName(broker), func() bool {
+			for _, id := range ids {
+				on, _ := brokersHolding(ctx, inspect.DiscardTopic, id)
+				if !on[brokerName(broker)] {
+					return false
+				}
+			}
+			return true
+		})
+		return ids
+	}
+	decided := func(ids []string) func() bool {
+		return func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			for _, id := range ids {
+				ok := false
+				for _, r := range b.recovered[id] {
+					ok = ok || r.Decision != ""
+				}
+				if !ok {
+					return false
+				}
+			}
+			return true
+		}
+	}
+
+	ids1 := phase(first)
+	rec, err := checkback.NewRecovery(checkback.RecoveryConfig{
+		NameServer: []string{b.s.NameServer}, Group: b.pgroup, Log: b.store, StartRetry: time.Second,
+		OnDecision: b.producerConfig("recovery").OnRecovery,
+	})
+	require.NoError(t, err)
+	recStart := time.Now()
+	require.NoError(t, rec.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = rec.Shutdown(ctx)
+	})
+	waitFor(t, 60*time.Second, "recovery of the discards on "+brokerName(first), decided(ids1))
+	t1 := time.Since(recStart)
+
+	ids2 := phase(second)
+	discarded := time.Now()
+	waitFor(t, 100*time.Second, "recovery of the discards on "+brokerName(second), decided(ids2))
+	t2 := time.Since(discarded)
+	b.sc.Recover = max(t1, t2)
+
+	for id, want := range expect {
+		row, err := b.store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, want, row.RecoveryDecision, "%s (half on %s)", id, brokerName(b.attempts[id].broker))
+	}
+	// The operator's view: the discarded half sits on the second broker.
+	in, err := inspect.New(inspect.Config{DB: b.db, Broker: lookup()})
+	require.NoError(t, err)
+	v, err := in.Event(ctx, ids2[0])
+	require.NoError(t, err)
+	require.Empty(t, v.BrokerErrors)
+	where := map[string]string{}
+	for _, m := range v.Broker {
+		if m.Kind != "message" {
+			where[m.Kind] = m.Broker
+		}
+	}
+	require.Equal(t, map[string]string{"half": second, "discarded": second}, where, "inspect shows the half and its discard on %s", brokerName(second))
+
+	b.sc.note("%s: 2 halves discarded, recovered %s after recovery started; %s: 2 halves discarded while recovery ran%s, recovered %s after the discards were visible",
+		brokerName(first), t1.Round(100*time.Millisecond), brokerName(second),
+		map[bool]string{true: " (its discard topic did not exist when recovery subscribed)", false: ""}[late], t2.Round(100*time.Millisecond))
+	b.verify(t, 60*time.Second)
+}

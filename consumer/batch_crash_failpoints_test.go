@@ -1,0 +1,104 @@
+//go:build failpoints
+
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+)
+
+// TestHelperProcessBatchConsumer is not a test: TestCrashAfterBatchCommit
+// re-executes the test binary to run it as a batch-mode consumer that the
+// armed failpoint kills right after its first batch commit.
+func TestHelperProcessBatchConsumer(t *testing.T) {
+	if os.Getenv(envHelperRole) != "batch-consumer" {
+		return // only meaningful as the child process
+	}
+	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envHelperDB)))
+	require.NoError(t, err)
+	defer db.Close()
+	c, err := New(Config{
+		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
+			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
+		NameServer:       []string{testenv.Load().NameServer},
+		Topic:            os.Getenv(envHelperTopic),
+		BatchTransaction: true,
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	watchdog, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	<-watchdog.Done()
+	t.Fatal("batch consumer helper was not killed by the failpoint")
+}
+
+// Batch mode killed after a batch's commit, before its ACK: the batch is
+// delivered again to a new instance, every event of it is a dedup hit, and
+// each event's effect exists exactly once.
+func TestCrashAfterBatchCommit(t *testing.T) {
+	t.Parallel()
+	db := setupDB(t)
+	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
+	testenv.CreateTopic(t, topic, 1) // one queue: the first pull holds many messages
+	const n = 40
+	ids := make([]string, n)
+	pub := newPublisher(t)
+	for i := range ids {
+		ids[i] = envelope.NewEventID()
+		pub.send(topic, ev(ids[i], "Created"), fmt.Appendf(nil, `{"n":%d}`, i))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcessBatchConsumer$", "-test.count=1")
+	cmd.Env = append(os.Environ(),
+		envHelperRole+"=batch-consumer",
+		failpoint.EnvVar+"="+failpoint.AfterConsumeCommit,
+		envHelperDB+"="+testenv.DBName(t, db),
+		envHelperTopic+"="+topic,
+		envHelperGroup+"="+group,
+	)
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	require.True(t, errors.As(err, &exitErr), "child: %v\n%s", err, out)
+	ws, ok := exitErr.Sys().(syscall.WaitStatus)
+	require.True(t, ok)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die by the failpoint's SIGKILL, got %v\n%s", err, out)
+
+	// The child committed one batch (several events with their dedup rows)
+	// and died before answering the broker.
+	committed := effects(t, db)
+	require.Greater(t, committed, 1, "the first batch held several events")
+	require.Equal(t, committed, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log"))
+
+	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}}, func(cfg *Config) {
+		cfg.BatchTransaction = true
+	})
+	testenv.Eventually(t, 90*time.Second, "every event applied or absorbed", func() bool {
+		s := c.Processor().Stats()
+		return s.Applied+s.Duplicates >= n && effects(t, db) == n
+	})
+	s := c.Processor().Stats()
+	require.Equal(t, n, effects(t, db))
+	require.Zero(t, countRows(t, db, "SELECT COUNT(*) FROM (SELECT event_id FROM effect GROUP BY event_id HAVING COUNT(*) > 1) d"), "0 double effects")
+	for _, id := range ids {
+		require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE event_id = ?", id))
+	}
+	require.EqualValues(t, n-committed, s.Applied, "the new instance applied only what the child had not")
+	require.GreaterOrEqual(t, s.Duplicates, int64(committed), "the committed batch came back as dedup hits")
+	t.Logf("COUNTS batch crash after commit: child committed %d events in its first batch; after restart applied %d, dedup hits %d; effects %d, doubles 0",
+		committed, s.Applied, s.Duplicates, effects(t, db))
+}

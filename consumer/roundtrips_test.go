@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/sqlcount"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+)
+
+// singleConn opens a one-connection pool on db's database with go-sql-driver's
+// default DSN (no interpolateParams), so the session counters see every
+// statement the processor sends.
+func singleConn(t *testing.T, db *sqlx.DB) (*sqlx.DB, *sqlcount.Meter) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testenv.Load().DSN(testenv.DBName(t, db)))
+	require.NoError(t, err)
+	cfg.InterpolateParams = false
+	one, err := sqlcount.Single(cfg.FormatDSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = one.Close() })
+	m, err := sqlcount.NewMeter(context.Background(), one)
+	require.NoError(t, err)
+	return one, m
+}
+
+// preparedHandler is effectHandler with its statement prepared once, as a
+// careful user would write it, so the counts below are rmqtx's own.
+func preparedHandler(t *testing.T, db *sqlx.DB) Handler {
+	st, err := db.Preparex("INSERT INTO effect (event_id, agg_id, version, payload) VALUES (?, ?, ?, ?)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	return func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+		_, err := tx.StmtxContext(ctx, st).ExecContext(ctx, ev.ID, ev.AggregateID, ev.AggregateVersion, ev.Payload)
+		return err
+	}
+}
+
+// With the default DSN a first delivery costs BEGIN, the dedup INSERT, the
+// handler and COMMIT: one round trip for each of rmqtx's statements. A
+// duplicate decided by the database costs BEGIN, the INSERT, ROLLBACK.
+func TestProcessRoundTrips(t *testing.T) {
+	t.Parallel()
+	db := setupDB(t)
+	one, m := singleConn(t, db)
+	p := newProc(t, one, func(c *ProcessorConfig) {
+		c.Routes = map[string]Route{"Created": {Handler: preparedHandler(t, one)}}
+		c.DedupCacheSize = -1 // every duplicate goes to the database
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := func(ids []string) error {
+		for _, id := range ids {
+			if out := p.Process(ctx, msg(ev(id, "Created"), `{"n":1}`)); out.Result != ResultApplied && out.Result != ResultDuplicate {
+				return fmt.Errorf("%s: %s %v", id, out.Result, out.Err)
+			}
+		}
+		return nil
+	}
+	// Warm-up: the in-transaction statements are prepared in the background
+	// after their first use.
+	require.NoError(t, run([]string{envelope.NewEventID()}))
+	testenv.Eventually(t, 10*time.Second, "statements prepared", func() bool {
+		c, err := m.Measure(ctx, func() error { return run([]string{envelope.NewEventID()}) })
+		return err == nil && c.Prepare == 0
+	})
+
+	const n = 10
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = envelope.NewEventID()
+	}
+	c, err := m.Measure(ctx, func() error { return run(ids) })
+	require.NoError(t, err)
+	t.Logf("first delivery x%d: %s", n, c)
+	require.EqualValues(t, 4*n, c.RoundTrips(), "BEGIN, dedup INSERT, handler INSERT, COMMIT")
+	require.Zero(t, c.Prepare)
+
+	c, err = m.Measure(ctx, func() error { return run(ids) })
+	require.NoError(t, err)
+	t.Logf("duplicate (database) x%d: %s", n, c)
+	require.EqualValues(t, 3*n, c.RoundTrips(), "BEGIN, dedup INSERT, ROLLBACK")
+	require.EqualValues(t, n, p.Stats().Duplicates)
+}

@@ -1,0 +1,142 @@
+package txproducer
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/apache/rocketmq-client-go/v2"
+
+	"github.com/rmqtx/rmqtx/internal/remoting"
+)
+
+// Why warm-up works the way it does.
+//
+// A broker sends a check to an instance of the group that registered with
+// it, and an instance registers by heartbeat. rocketmq-client-go heartbeats
+// only the brokers in its route table, that is the brokers of the topics it
+// has sent to, one second after Start and then every 30 s. A probe to a
+// topic loads the topic's whole route (every broker with queues of it), so
+// one probe per topic is enough to learn the brokers; what is not enough is
+// the timing: a warm-up that ends after the client's first heartbeat leaves
+// the instance unknown to every broker for 30 s, long enough for a broker
+// with short check settings to discard halves it could have committed.
+// So after the probes the client heartbeats at once (heartbeatNow), and
+// Start confirms with each broker that it registered this instance.
+
+// warmup probes every WarmupTopics topic, registers this instance with every
+// broker of those topics, and logs a warning naming any broker that did not
+// register it, and any master broker of the cluster that serves none of the
+// topics (its halves of this group get no answer from this instance until
+// it sends to a topic there).
+func (p *Producer) warmup(ctx context.Context, tp rocketmq.TransactionProducer, started time.Time) error {
+	if len(p.cfg.WarmupTopics) == 0 {
+		return nil
+	}
+	for _, topic := range p.cfg.WarmupTopics {
+		if err := p.probe(ctx, tp, topic); err != nil {
+			return err
+		}
+	}
+	if !heartbeatNow(tp) {
+		// A client whose layout heartbeatNow does not know: wait for its own
+		// first heartbeat, as before.
+		if time.Since(started) > firstHeartbeat-100*time.Millisecond {
+			p.cfg.Logger.Warn("txproducer: warm-up took longer than the client's first heartbeat; checks may reach this instance only after the next one (30 s)")
+		}
+		t := time.NewTimer(time.Until(started.Add(firstHeartbeat + 200*time.Millisecond)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("txproducer: start: %w", ctx.Err())
+		}
+	}
+	p.confirmRegistered(ctx)
+	return nil
+}
+
+// confirmRegistered asks every master broker of the warm-up topics whether
+// it lists this instance among the group's producers (the channels it sends
+// checks to). It only logs: a broker that is down must not stop Start.
+func (p *Producer) confirmRegistered(ctx context.Context) {
+	l := p.cfg.Logger.WithField("group", p.cfg.Group)
+	serving := map[string]bool{}
+	for _, topic := range p.cfg.WarmupTopics {
+		brokers, err := remoting.MasterBrokers(ctx, p.cfg.NameServer, p.cfg.SendTimeout, topic)
+		if err != nil {
+			l.WithError(err).WithField("topic", topic).Info("txproducer: warm-up could not read the topic's route; registration not confirmed")
+			continue
+		}
+		for _, b := range brokers {
+			serving[b] = true
+		}
+	}
+	for addr := range serving {
+		ids, err := remoting.ProducerConnections(ctx, addr, p.cfg.SendTimeout, p.cfg.Group)
+		if err != nil {
+			l.WithError(err).WithField("broker", addr).Info("txproducer: warm-up could not confirm the registration")
+			continue
+		}
+		if !listsInstance(ids, p.cfg.InstanceName) {
+			l.WithField("broker", addr).Warn("txproducer: the broker has not registered this instance after warm-up; its checks reach the group's other instances, or this one after its next heartbeat (30 s)")
+		}
+	}
+	masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServer, p.cfg.SendTimeout)
+	if err != nil {
+		return
+	}
+	for _, addr := range masters {
+		if !serving[addr] {
+			l.WithField("broker", addr).Warn("txproducer: no WarmupTopics topic has queues on this master broker; a restarted instance answers its checks only after sending to a topic there (list one topic per broker)")
+		}
+	}
+}
+
+// listsInstance reports whether one of the client ids (ip@instance[@unit])
+// is this instance's.
+func listsInstance(clientIDs []string, instance string) bool {
+	for _, id := range clientIDs {
+		parts := strings.Split(id, "@")
+		if len(parts) >= 2 && parts[1] == instance {
+			return true
+		}
+	}
+	return false
+}
+
+// heartbeatNow makes the client heartbeat every broker in its route table
+// now, and returns once they answered. rocketmq-client-go has no public API
+// for it; the method is reached by reflection on the pinned client version
+// (it only reads the client field, which is set once at construction, and
+// calls a method that takes the client's own heartbeat lock). It reports
+// false, having done nothing, when the layout differs.
+func heartbeatNow(tp rocketmq.TransactionProducer) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	v := reflect.ValueOf(tp)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return false
+	}
+	dp := v.Elem().FieldByName("producer")
+	if !dp.IsValid() || dp.Kind() != reflect.Pointer || dp.IsNil() {
+		return false
+	}
+	c := dp.Elem().FieldByName("client")
+	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
+		return false
+	}
+	client := reflect.NewAt(c.Type(), unsafe.Pointer(c.UnsafeAddr())).Elem().Interface()
+	hb, ok := client.(interface{ SendHeartbeatToAllBrokerWithLock() })
+	if !ok {
+		return false
+	}
+	hb.SendHeartbeatToAllBrokerWithLock()
+	return true
+}

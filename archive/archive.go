@@ -55,9 +55,16 @@ var AllTables = []Table{Txlog, Outbox, ConsumeLog, DeadLetter}
 
 // Sentinel errors.
 var (
-	ErrConfig            = errors.New("archive: invalid config")
-	ErrRetentionTooShort = errors.New("archive: retention shorter than the safe minimum")
+	ErrConfig = errors.New("archive: invalid config")
+	// ErrRetentionTooShort is a config error too: errors.Is(err, ErrConfig)
+	// holds for it, without a second package prefix in its text.
+	ErrRetentionTooShort error = retentionTooShort{}
 )
+
+type retentionTooShort struct{}
+
+func (retentionTooShort) Error() string        { return "archive: retention shorter than the safe minimum" }
+func (retentionTooShort) Is(target error) bool { return target == ErrConfig }
 
 // Config configures an Archiver.
 type Config struct {
@@ -125,14 +132,17 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: DB is required", ErrConfig)
 	}
 	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return fmt.Errorf("%w: TablePrefix: %w", ErrConfig, err)
 	}
-	if c.Batch < 0 || c.MaxBatches < 0 {
-		return fmt.Errorf("%w: Batch and MaxBatches must not be negative", ErrConfig)
+	if c.Batch < 0 {
+		return fmt.Errorf("%w: Batch must not be negative", ErrConfig)
+	}
+	if c.MaxBatches < 0 {
+		return fmt.Errorf("%w: MaxBatches must not be negative", ErrConfig)
 	}
 	for _, t := range c.Tables {
 		if _, ok := specs[t]; !ok {
-			return fmt.Errorf("%w: unknown table %q", ErrConfig, t)
+			return fmt.Errorf("%w: Tables: unknown table %q", ErrConfig, t)
 		}
 	}
 	if c.AllowShortRetention {

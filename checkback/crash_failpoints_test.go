@@ -40,7 +40,7 @@ func TestHelperProcessRecovery(t *testing.T) {
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	r, err := checkback.NewRecovery(checkback.RecoveryConfig{
-		NameServer: []string{testenv.Load().NameServer}, Group: os.Getenv(envRecoveryGroup), Log: store,
+		NameServers: []string{testenv.Load().NameServer}, Group: os.Getenv(envRecoveryGroup), Log: store,
 		StartRetry: 500 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -69,7 +69,7 @@ func TestRecoveryCrashAfterRepublish(t *testing.T) {
 				_, err := tx.ExecContext(ctx, "INSERT INTO effects (event_id) VALUES (?)", ev.ID)
 				return err
 			}}}},
-		NameServer: []string{b.s.NameServer}, Topic: b.topic,
+		NameServers: []string{b.s.NameServer}, Topic: b.topic,
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))

@@ -246,7 +246,7 @@ func (b *discardBed) startRecovery(t *testing.T, log checkback.RecoveryLog, mod 
 	require.NoError(t, err)
 	res := newResults()
 	cfg := checkback.RecoveryConfig{
-		NameServer: []string{b.s.NameServer}, Group: b.group, Log: log, StartRetry: 500 * time.Millisecond,
+		NameServers: []string{b.s.NameServer}, Group: b.group, Log: log, StartRetry: 500 * time.Millisecond,
 		RetryBackoff: 50 * time.Millisecond, RetryMaxBackoff: 200 * time.Millisecond, QueryTimeout: time.Second,
 		Metrics: m, OnDecision: res.add,
 	}

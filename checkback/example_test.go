@@ -30,9 +30,9 @@ func ExampleRecovery() {
 	db, _ := sqlx.Open("mysql", "app:secret@tcp(127.0.0.1:3306)/app?parseTime=true")
 	store, _ := txlog.New(db, txlog.DefaultPrefix)
 	r, err := checkback.NewRecovery(checkback.RecoveryConfig{
-		NameServer: []string{"127.0.0.1:9876"},
-		Group:      "orders-tx",
-		Log:        store,
+		NameServers: []string{"127.0.0.1:9876"},
+		Group:       "orders-tx",
+		Log:         store,
 	})
 	if err != nil {
 		return

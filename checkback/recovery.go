@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
 )
@@ -187,7 +189,13 @@ type Publisher interface {
 
 // RecoveryConfig configures a Recovery.
 type RecoveryConfig struct {
-	// NameServer lists name server addresses (host:port). Required.
+	// NameServers lists name server addresses (host:port). Required.
+	NameServers []string
+	// NameServer is the old spelling of NameServers; WithDefaults copies it
+	// into an empty NameServers, and NewRecovery rejects the two set
+	// differently.
+	//
+	// Deprecated: use NameServers.
 	NameServer []string
 	// Group is the producer group whose discarded half messages are
 	// recovered (the PGROUP property). Required.
@@ -245,6 +253,9 @@ type RecoveryConfig struct {
 
 // WithDefaults returns a copy of c with defaults filled in.
 func (c RecoveryConfig) WithDefaults() RecoveryConfig {
+	if len(c.NameServers) == 0 {
+		c.NameServers = c.NameServer
+	}
 	if c.ConsumerGroup == "" && c.Group != "" {
 		c.ConsumerGroup = c.Group + "-recovery"
 	}
@@ -275,8 +286,10 @@ func (c RecoveryConfig) WithDefaults() RecoveryConfig {
 
 func (c RecoveryConfig) validate() error {
 	switch {
-	case len(c.NameServer) == 0:
-		return fmt.Errorf("%w: NameServer is required", ErrConfig)
+	case len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers):
+		return fmt.Errorf("%w: NameServer (deprecated) and NameServers are both set and differ; set NameServers only", ErrConfig)
+	case len(c.NameServers) == 0:
+		return fmt.Errorf("%w: NameServers is required", ErrConfig)
 	case c.Group == "":
 		return fmt.Errorf("%w: Group is required", ErrConfig)
 	case c.Log == nil:
@@ -359,7 +372,7 @@ func (r *Recovery) Start(ctx context.Context) error {
 		p, err := rocketmq.NewProducer(
 			producer.WithGroupName(r.cfg.PublisherGroup),
 			producer.WithInstanceName(r.cfg.InstanceName+"-pub"),
-			producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServer)),
+			producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
 			producer.WithSendMsgTimeout(r.cfg.SendTimeout),
 			producer.WithRetry(2),
 		)
@@ -406,7 +419,7 @@ func (r *Recovery) subscribe() error {
 	// topic exists (its Start fails without a route).
 	ctx, cancel := context.WithTimeout(r.runCtx, 2*routeWait)
 	defer cancel()
-	brokers, err := remoting.MasterBrokers(ctx, r.cfg.NameServer, 0, DiscardTopic)
+	brokers, err := remoting.MasterBrokers(ctx, r.cfg.NameServers, 0, DiscardTopic)
 	if err != nil {
 		if r.runCtx.Err() != nil {
 			return errStopped
@@ -424,7 +437,7 @@ func (r *Recovery) subscribe() error {
 	pc, err := rocketmq.NewPushConsumer(
 		consumer.WithGroupName(r.cfg.ConsumerGroup),
 		consumer.WithInstance(fmt.Sprintf("%s-%d", r.cfg.InstanceName, r.attempt)),
-		consumer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServer)),
+		consumer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
 		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset),
 		consumer.WithConsumeMessageBatchMaxSize(1),
 		consumer.WithMaxReconsumeTimes(maxReconsumeTimes),
@@ -454,7 +467,7 @@ func (r *Recovery) subscribe() error {
 // hand-back.
 func (r *Recovery) ensureRetryTopic(ctx context.Context, brokers []string) {
 	retry := "%RETRY%" + r.cfg.ConsumerGroup
-	if _, err := remoting.MasterBrokers(ctx, r.cfg.NameServer, 0, retry); err == nil {
+	if _, err := remoting.MasterBrokers(ctx, r.cfg.NameServers, 0, retry); err == nil {
 		return
 	}
 	log := r.cfg.Logger.WithField("retry_topic", retry)
@@ -466,7 +479,7 @@ func (r *Recovery) ensureRetryTopic(ctx context.Context, brokers []string) {
 	}
 	deadline := time.Now().Add(routeWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if _, err := remoting.MasterBrokers(ctx, r.cfg.NameServer, 0, retry); err == nil {
+		if _, err := remoting.MasterBrokers(ctx, r.cfg.NameServers, 0, retry); err == nil {
 			return
 		}
 		select {
@@ -798,5 +811,6 @@ func (r *Recovery) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// Close is Shutdown without a deadline.
-func (r *Recovery) Close() error { return r.Shutdown(context.Background()) }
+// Close is Shutdown bounded by shutdown.DefaultCloseTimeout (30 s), the
+// bound every rmqtx Close shares.
+func (r *Recovery) Close() error { return shutdown.Close(r.Shutdown) }

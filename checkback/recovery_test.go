@@ -79,7 +79,7 @@ func committedRow(id, topic string, body []byte) txlog.Row {
 
 func recovery(t *testing.T, log checkback.RecoveryLog, pub checkback.Publisher, mods ...func(*checkback.RecoveryConfig)) *checkback.Recovery {
 	t.Helper()
-	cfg := checkback.RecoveryConfig{NameServer: []string{"127.0.0.1:9876"}, Group: "g", Log: log, Publisher: pub}
+	cfg := checkback.RecoveryConfig{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Log: log, Publisher: pub}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -311,7 +311,7 @@ func TestRecoveryBackoffBounds(t *testing.T) {
 
 func TestRecoveryConfigValidation(t *testing.T) {
 	t.Parallel()
-	base := checkback.RecoveryConfig{NameServer: []string{"127.0.0.1:9876"}, Group: "g", Log: newFakeLog()}
+	base := checkback.RecoveryConfig{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Log: newFakeLog()}
 	c := base
 	c.RetryBackoff = -time.Second
 	_, err := checkback.NewRecovery(c)

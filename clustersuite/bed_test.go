@@ -140,7 +140,7 @@ func brokerName(addr string) string {
 
 func (b *bed) producerConfig(label string) txproducer.Config {
 	return txproducer.Config{
-		NameServer:         []string{b.s.NameServer},
+		NameServers:        []string{b.s.NameServer},
 		Group:              b.pgroup,
 		DB:                 b.db,
 		FenceAge:           fenceAge,
@@ -320,8 +320,8 @@ func (b *bed) startConsumer(t *testing.T, name string) *consumer.Consumer {
 			MaxRetries: 200, // outages are long; the bound is not what is tested here
 			DelayLevel: func(consumer.Class, int) int { return 1 },
 		},
-		NameServer: []string{b.s.NameServer},
-		Topic:      b.topic,
+		NameServers: []string{b.s.NameServer},
+		Topic:       b.topic,
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))
@@ -663,7 +663,7 @@ func (b *bed) orderViolations(t *testing.T) []string {
 // lookup asks both brokers' indexes: the operator's view (package inspect),
 // which the cluster tests use to tell which broker holds an event.
 func lookup() inspect.RemotingLookup {
-	return inspect.RemotingLookup{NameServer: []string{testenv.Load().NameServer}, Timeout: 5 * time.Second}
+	return inspect.RemotingLookup{NameServers: []string{testenv.Load().NameServer}, Timeout: 5 * time.Second}
 }
 
 // brokersHolding returns the names of the brokers whose index holds id in

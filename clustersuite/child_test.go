@@ -57,7 +57,7 @@ func TestHelperProcess(t *testing.T) {
 	look := inspect.RemotingLookup{Brokers: []string{os.Getenv("RMQTX_BROKER"), os.Getenv("RMQTX_BROKER_B")}, Timeout: 2 * time.Second}
 	var mu sync.Mutex
 	cancels := map[string]context.CancelFunc{}
-	cfg := txproducer.Config{NameServer: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
+	cfg := txproducer.Config{NameServers: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
 		FenceAge: fenceAge, WarmupTopics: []string{topic}, DisableRecovery: true,
 		Test: txproducer.TestHooks{BeforeLocalTx: func(_ context.Context, id string) {
 			// The half is stored: find the broker whose index has it.

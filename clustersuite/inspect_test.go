@@ -34,7 +34,7 @@ func TestInspectEveryBroker(t *testing.T) {
 		}
 	}
 	addr := map[string]string{"broker-a": brokerA, "broker-b": brokerB}
-	in, err := inspect.New(inspect.Config{DB: b.db, Broker: inspect.RemotingLookup{NameServer: []string{b.s.NameServer}}})
+	in, err := inspect.New(inspect.Config{DB: b.db, Broker: inspect.RemotingLookup{NameServers: []string{b.s.NameServer}}})
 	require.NoError(t, err)
 	for _, name := range []string{"broker-a", "broker-b"} {
 		id := onBroker[name]

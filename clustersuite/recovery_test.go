@@ -81,7 +81,7 @@ func TestRecoveryOnEitherBroker(t *testing.T) {
 
 	ids1 := phase(first)
 	rec, err := checkback.NewRecovery(checkback.RecoveryConfig{
-		NameServer: []string{b.s.NameServer}, Group: b.pgroup, Log: b.store, StartRetry: time.Second,
+		NameServers: []string{b.s.NameServer}, Group: b.pgroup, Log: b.store, StartRetry: time.Second,
 		OnDecision: b.producerConfig("recovery").OnRecovery,
 	})
 	require.NoError(t, err)

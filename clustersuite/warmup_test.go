@@ -62,7 +62,7 @@ func TestWarmupOnEveryBroker(t *testing.T) {
 	start := func(group string, topics []string) (*txproducer.Producer, *test.Hook) {
 		l, hook := test.NewNullLogger()
 		l.SetLevel(logrus.DebugLevel)
-		p, err := txproducer.New(txproducer.Config{NameServer: []string{s.NameServer}, Group: group, DB: db,
+		p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: group, DB: db,
 			FenceAge: fenceAge, WarmupTopics: topics, DisableRecovery: true, Logger: l})
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

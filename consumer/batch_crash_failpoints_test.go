@@ -33,7 +33,7 @@ func TestHelperProcessBatchConsumer(t *testing.T) {
 	c, err := New(Config{
 		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
 			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
-		NameServer:       []string{testenv.Load().NameServer},
+		NameServers:      []string{testenv.Load().NameServer},
 		Topic:            os.Getenv(envHelperTopic),
 		BatchTransaction: true,
 	})

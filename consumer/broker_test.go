@@ -59,8 +59,8 @@ func startConsumer(t *testing.T, db *sqlx.DB, topic, group string, routes map[st
 			Group: group, DB: db, Routes: routes,
 			DelayLevel: func(Class, int) int { return 1 },
 		},
-		NameServer: []string{s.NameServer},
-		Topic:      topic,
+		NameServers: []string{s.NameServer},
+		Topic:       topic,
 	}
 	if mut != nil {
 		mut(&cfg)
@@ -398,7 +398,7 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 			cr := &countingResender{}
 			c, err := New(Config{
 				ProcessorConfig: ProcessorConfig{Group: group, DB: db, Routes: routes, DelayLevel: func(Class, int) int { return 1 }},
-				NameServer:      []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
+				NameServers:     []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
 			})
 			require.NoError(t, err)
 			c.wrapResend = func(r resender) resender { cr.next = r; return cr }
@@ -523,8 +523,8 @@ func TestStartCreatesRetryTopic(t *testing.T) {
 	c, err := New(Config{
 		ProcessorConfig: ProcessorConfig{Group: group, DB: db,
 			Routes: map[string]Route{"Created": {Handler: func(context.Context, *sqlx.Tx, Event) error { return nil }}}},
-		NameServer: []string{s.NameServer},
-		Topic:      topic,
+		NameServers: []string{s.NameServer},
+		Topic:       topic,
 	})
 	require.NoError(t, err)
 	c.ensureRetryTopic(ctx)

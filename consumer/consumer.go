@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,14 +18,20 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/shutdown"
 )
 
 // Config configures a Consumer: the processing core plus the broker wiring.
 type Config struct {
 	ProcessorConfig
 
-	// NameServer lists the name server addresses (host:port). Required; the
-	// client's default HTTP resolver is never used.
+	// NameServers lists the name server addresses (host:port). Required;
+	// the client's default HTTP resolver is never used.
+	NameServers []string
+	// NameServer is the old spelling of NameServers; WithDefaults copies it
+	// into an empty NameServers, and New rejects the two set differently.
+	//
+	// Deprecated: use NameServers.
 	NameServer []string
 	// InstanceName identifies this client in the process. Default
 	// "rmqtx-consumer-<group>-<pid>-<random>", unique per Consumer: clients
@@ -61,6 +68,9 @@ type Config struct {
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	c.ProcessorConfig = c.ProcessorConfig.WithDefaults()
+	if len(c.NameServers) == 0 {
+		c.NameServers = c.NameServer
+	}
 	if c.InstanceName == "" {
 		b := make([]byte, 4)
 		_, _ = rand.Read(b)
@@ -85,8 +95,11 @@ func (c Config) validate() error {
 	if err := c.ProcessorConfig.validate(); err != nil {
 		return err
 	}
-	if len(c.NameServer) == 0 {
-		return fmt.Errorf("%w: NameServer is required", ErrConfig)
+	if len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers) {
+		return fmt.Errorf("%w: NameServer (deprecated) and NameServers are both set and differ; set NameServers only", ErrConfig)
+	}
+	if len(c.NameServers) == 0 {
+		return fmt.Errorf("%w: NameServers is required", ErrConfig)
 	}
 	if c.Topic == "" {
 		return fmt.Errorf("%w: Topic is required", ErrConfig)
@@ -161,7 +174,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return ErrClosed
 	}
 	rmqlog.Install(c.cfg.Logger)
-	ns := primitive.NewPassthroughResolver(c.cfg.NameServer)
+	ns := primitive.NewPassthroughResolver(c.cfg.NameServers)
 	from := rmq.ConsumeFromFirstOffset
 	if c.cfg.FromLatest {
 		from = rmq.ConsumeFromLastOffset
@@ -264,8 +277,9 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// Close is Shutdown without a deadline.
-func (c *Consumer) Close() error { return c.Shutdown(context.Background()) }
+// Close is Shutdown bounded by shutdown.DefaultCloseTimeout (30 s), the
+// bound every rmqtx Close shares: handlers still running then roll back.
+func (c *Consumer) Close() error { return shutdown.Close(c.Shutdown) }
 
 func (c *Consumer) enter() bool {
 	c.mu.Lock()
@@ -405,11 +419,11 @@ func (c *Consumer) ensureRetryTopic(ctx context.Context) {
 	retry := "%RETRY%" + c.cfg.Group
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := remoting.MasterBrokers(ctx, c.cfg.NameServer, 0, retry); err == nil {
+	if _, err := remoting.MasterBrokers(ctx, c.cfg.NameServers, 0, retry); err == nil {
 		return
 	}
 	log := c.cfg.Logger.WithField("retry_topic", retry)
-	brokers, err := remoting.MasterBrokers(ctx, c.cfg.NameServer, 0, c.cfg.Topic)
+	brokers, err := remoting.MasterBrokers(ctx, c.cfg.NameServers, 0, c.cfg.Topic)
 	if err != nil {
 		log.WithError(err).Debug("consumer: retry topic not created: no route for the subscribed topic yet")
 		return

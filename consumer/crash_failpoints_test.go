@@ -39,8 +39,8 @@ func TestHelperProcessConsumer(t *testing.T) {
 	c, err := New(Config{
 		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
 			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
-		NameServer: []string{testenv.Load().NameServer},
-		Topic:      os.Getenv(envHelperTopic),
+		NameServers: []string{testenv.Load().NameServer},
+		Topic:       os.Getenv(envHelperTopic),
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))

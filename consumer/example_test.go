@@ -58,8 +58,8 @@ func Example() {
 			VersionMode: consumer.VersionMonotonic,
 			Redact:      func([]byte) []byte { return []byte(`{"redacted":true}`) },
 		},
-		NameServer: []string{"127.0.0.1:9876"},
-		Topic:      "payments",
+		NameServers: []string{"127.0.0.1:9876"},
+		Topic:       "payments",
 	})
 	if err != nil {
 		fmt.Println(err)

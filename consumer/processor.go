@@ -23,6 +23,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/metrics"
 )
@@ -242,26 +243,28 @@ func (c ProcessorConfig) validate() error {
 	}
 	for t, r := range c.Routes {
 		if t == "" {
-			return bad("route with an empty event type")
+			return bad("Routes: a route has an empty event type")
 		}
 		if r.Handler == nil {
-			return bad("route %q has no Handler", t)
+			return bad("Routes[%q].Handler is required", t)
 		}
 		if r.Version < VersionInherit || r.Version > VersionMonotonic {
-			return bad("route %q: unknown VersionMode %d", t, r.Version)
+			return bad("Routes[%q].Version: unknown VersionMode %d", t, r.Version)
 		}
 	}
 	if c.VersionMode < VersionNone || c.VersionMode > VersionMonotonic {
-		return bad("unknown VersionMode %d", c.VersionMode)
+		return bad("VersionMode: unknown VersionMode %d", c.VersionMode)
 	}
 	if c.UnknownType != UnknownPark && c.UnknownType != UnknownIgnore {
-		return bad("unknown UnknownTypePolicy %d", c.UnknownType)
+		return bad("UnknownType: unknown UnknownTypePolicy %d", c.UnknownType)
 	}
 	if err := c.validateAdoption(); err != nil {
 		return err
 	}
-	_, err := newTables(c.TablePrefix)
-	return err
+	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
+		return bad("TablePrefix: %v", err)
+	}
+	return nil
 }
 
 // Result is what happened to one message.

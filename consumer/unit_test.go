@@ -98,7 +98,7 @@ func TestConfigValidation(t *testing.T) {
 		require.ErrorIs(t, err, ErrConfig, "case %d", i)
 	}
 
-	cc := Config{ProcessorConfig: good, NameServer: []string{"127.0.0.1:9876"}, Topic: "t"}
+	cc := Config{ProcessorConfig: good, NameServers: []string{"127.0.0.1:9876"}, Topic: "t"}
 	c, err := New(cc)
 	require.NoError(t, err)
 	require.Equal(t, 1, c.Config().BatchSize)
@@ -113,7 +113,7 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorIs(t, c.Start(context.Background()), ErrClosed)
 
 	noNS := cc
-	noNS.NameServer = nil
+	noNS.NameServers = nil
 	_, err = New(noNS)
 	require.ErrorIs(t, err, ErrConfig)
 	noTopic := cc

@@ -117,7 +117,7 @@ func newBed(t *testing.T, name string) *bed {
 
 func (b *bed) producerConfig() txproducer.Config {
 	return txproducer.Config{
-		NameServer:         []string{b.s.NameServer},
+		NameServers:        []string{b.s.NameServer},
 		Group:              b.pgroup,
 		DB:                 b.db,
 		FenceAge:           fenceAge,
@@ -262,8 +262,8 @@ func consumerConfig(db *sqlx.DB, nameServer, topic, group, name string) consumer
 			MaxRetries: 200, // outages are long; the bound is not what is tested here
 			DelayLevel: func(consumer.Class, int) int { return 1 },
 		},
-		NameServer: []string{nameServer},
-		Topic:      topic,
+		NameServers: []string{nameServer},
+		Topic:       topic,
 	}
 }
 

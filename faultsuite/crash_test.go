@@ -59,7 +59,7 @@ func TestHelperProcess(t *testing.T) {
 	ctx := context.Background()
 	switch role {
 	case roleProducer:
-		p, err := txproducer.New(txproducer.Config{NameServer: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
+		p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
 			FenceAge: fenceAge, WarmupTopics: []string{topic}, DisableRecovery: true, InstanceName: name})
 		require.NoError(t, err)
 		require.NoError(t, p.Start(ctx))

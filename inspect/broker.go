@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,9 +65,15 @@ type BrokerLookup interface {
 // QueryByKey returns what it found together with an error naming the
 // broker.
 type RemotingLookup struct {
-	NameServer []string      // name server addresses (host:port)
-	Brokers    []string      // optional: broker addresses; skips the route lookup
-	Timeout    time.Duration // per request; default 5s
+	NameServers []string      // name server addresses (host:port)
+	Brokers     []string      // optional: broker addresses; skips the route lookup
+	Timeout     time.Duration // per request; default 5s
+
+	// NameServer is the old spelling of NameServers, used when NameServers
+	// is empty; set differently from NameServers it is an ErrConfig.
+	//
+	// Deprecated: use NameServers.
+	NameServer []string
 }
 
 // ErrTopicNotFound is returned when the name server knows no route for a topic.
@@ -176,17 +183,32 @@ func (l RemotingLookup) brokers(ctx context.Context, topic string) ([]string, er
 	if len(l.Brokers) > 0 {
 		return l.Brokers, nil
 	}
-	masters, cerr := remoting.ClusterMasters(ctx, l.NameServer, l.Timeout)
+	ns, err := l.nameServers()
+	if err != nil {
+		return nil, err
+	}
+	masters, cerr := remoting.ClusterMasters(ctx, ns, l.Timeout)
 	if topic == HalfTopic || topic == DiscardTopic {
 		if cerr == nil && len(masters) > 0 {
 			return masters, nil
 		}
 	}
-	route, err := remoting.MasterBrokers(ctx, l.NameServer, l.Timeout, topic)
+	route, err := remoting.MasterBrokers(ctx, ns, l.Timeout, topic)
 	if err != nil {
 		return nil, fmt.Errorf("inspect: %w", err)
 	}
 	return union(masters, route), nil
+}
+
+// nameServers merges NameServers and its deprecated spelling NameServer.
+func (l RemotingLookup) nameServers() ([]string, error) {
+	switch {
+	case len(l.NameServers) == 0:
+		return l.NameServer, nil
+	case len(l.NameServer) > 0 && !slices.Equal(l.NameServer, l.NameServers):
+		return nil, fmt.Errorf("%w: RemotingLookup.NameServer (deprecated) and RemotingLookup.NameServers are both set and differ; set NameServers only", ErrConfig)
+	}
+	return l.NameServers, nil
 }
 
 // union returns the distinct addresses of a and b, sorted.

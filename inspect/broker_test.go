@@ -41,7 +41,7 @@ func TestRemotingLookupEveryBroker(t *testing.T) {
 	require.Contains(t, err.Error(), dead)
 	require.Equal(t, s.Broker, got[0].Broker, "each message names the broker that holds it")
 
-	all := inspect.RemotingLookup{NameServer: []string{s.NameServer}}
+	all := inspect.RemotingLookup{NameServers: []string{s.NameServer}}
 	got, err = all.QueryByKey(ctx, topic, id, 8)
 	require.NoError(t, err)
 	require.Len(t, got, 1)

@@ -18,7 +18,7 @@ func Example() {
 	}
 	in, err := inspect.New(inspect.Config{
 		DB:     db,
-		Broker: inspect.RemotingLookup{NameServer: []string{"127.0.0.1:9876"}},
+		Broker: inspect.RemotingLookup{NameServers: []string{"127.0.0.1:9876"}},
 	})
 	if err != nil {
 		return

@@ -76,7 +76,7 @@ func New(cfg Config) (*Inspector, error) {
 		cfg.TablePrefix = DefaultTablePrefix
 	}
 	if err := sqlname.ValidatePrefix(cfg.TablePrefix); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: TablePrefix: %w", ErrConfig, err)
 	}
 	if cfg.Redact == nil {
 		cfg.Redact = Hidden()

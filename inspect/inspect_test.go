@@ -123,7 +123,7 @@ func TestRemotingLookup(t *testing.T) {
 	res, err := p.SendSync(context.Background(), m)
 	require.NoError(t, err)
 
-	look := inspect.RemotingLookup{NameServer: []string{s.NameServer}}
+	look := inspect.RemotingLookup{NameServers: []string{s.NameServer}}
 	var got []inspect.BrokerMessage
 	testenv.Eventually(t, 30*time.Second, "indexed message", func() bool {
 		got, err = look.QueryByKey(context.Background(), topic, id, 8)

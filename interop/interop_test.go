@@ -158,8 +158,8 @@ func TestJavaNaturalProducersAdopted(t *testing.T) {
 				"OrderCancelled": {Handler: apply, Adopt: &consumer.Adoption{ID: consumer.IDFromProperty, Property: "requestId", TypeFromTag: true}},
 			},
 		},
-		NameServer: []string{s.NameServer},
-		Topic:      topic,
+		NameServers: []string{s.NameServer},
+		Topic:       topic,
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
@@ -308,8 +308,8 @@ func TestJavaWireFormatVersionGuard(t *testing.T) {
 			// newest-first order resolves within seconds.
 			DelayLevel: func(consumer.Class, int) int { return 1 },
 		},
-		NameServer: []string{s.NameServer},
-		Topic:      topic,
+		NameServers: []string{s.NameServer},
+		Topic:       topic,
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
@@ -360,7 +360,7 @@ func startProducer(t *testing.T, s testenv.Settings, db *sqlx.DB, topic string) 
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: []string{s.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
+		NameServers: []string{s.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
 		FenceAge: 4 * time.Second, WarmupTopics: []string{topic}, DisableRecovery: true,
 	})
 	require.NoError(t, err)

@@ -203,6 +203,13 @@ func TestBatchSendsKeepOrderOnBroker(t *testing.T) {
 		}})
 	b.waitStatus(t, StatusSent, good, 2*time.Minute)
 	snap := col.WaitDistinct(t, good, time.Minute)
+	// The DEAD mark and every outcome report may trail the last SENT row:
+	// wait for them (bounded) before comparing.
+	testenv.Eventually(t, time.Minute, "the bad row DEAD and every outcome reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(outcomes) == good+1 && len(outcomes[badID]) > 0 && b.counts(t)[StatusDead] == 1
+	})
 	require.Equal(t, map[Status]int{StatusSent: good, StatusDead: 1}, b.counts(t))
 	for id, n := range snap.Counts {
 		require.Equal(t, 1, n, "event %s delivered %d times", id, n)
@@ -318,6 +325,19 @@ func TestBatchPartialFailureOutcomesExact(t *testing.T) {
 			mu.Unlock()
 		}})
 	b.waitStatus(t, StatusSent, aggs, 2*time.Minute)
+	// The table shows SENT before the dispatcher reports the outcome
+	// (OnOutcome runs after the mark commits): wait for every row's final
+	// report too, so that the histories compared below are complete.
+	testenv.Eventually(t, time.Minute, "every row's SENT outcome reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if o := outcomes[id]; len(o) == 0 || o[len(o)-1] != StatusSent {
+				return false
+			}
+		}
+		return true
+	})
 	fmu.Lock()
 	nBefore, nAfter := len(failedBefore), len(failedAfter)
 	fmu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
 )
 
@@ -173,14 +174,17 @@ func (c Config) validate() error {
 	if c.Sink == nil {
 		return fmt.Errorf("%w: Config.Sink is required", ErrInvalidConfig)
 	}
+	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("%w: Config.TablePrefix: %w", ErrInvalidConfig, err)
+	}
 	if !nameRE.MatchString(c.Name) {
 		return fmt.Errorf("%w: Config.Name %q: want 1-64 of [A-Za-z0-9._-]", ErrInvalidConfig, c.Name)
 	}
 	if c.BackoffMax < c.BackoffBase {
-		return fmt.Errorf("%w: BackoffMax %s is below BackoffBase %s", ErrInvalidConfig, c.BackoffMax, c.BackoffBase)
+		return fmt.Errorf("%w: Config.BackoffMax %s is below Config.BackoffBase %s", ErrInvalidConfig, c.BackoffMax, c.BackoffBase)
 	}
 	if c.SendTimeout >= c.LeaseDuration {
-		return fmt.Errorf("%w: SendTimeout %s must be below LeaseDuration %s", ErrInvalidConfig, c.SendTimeout, c.LeaseDuration)
+		return fmt.Errorf("%w: Config.SendTimeout %s must be below Config.LeaseDuration %s", ErrInvalidConfig, c.SendTimeout, c.LeaseDuration)
 	}
 	return nil
 }

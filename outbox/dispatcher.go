@@ -15,6 +15,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
+	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/metrics"
 )
@@ -256,17 +257,12 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Close stops at once: sends in flight are cancelled and their rows handed
-// back. Idempotent.
-func (d *Dispatcher) Close() error {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	err := d.Shutdown(ctx)
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
-}
+// Close is Shutdown bounded by shutdown.DefaultCloseTimeout (30 s), the
+// bound every rmqtx Close shares: sends in flight get that long to finish
+// (each is bounded by SendTimeout), then they are cancelled and their rows
+// handed back. To stop at once, call Shutdown with a cancelled context.
+// Idempotent.
+func (d *Dispatcher) Close() error { return shutdown.Close(d.Shutdown) }
 
 // Stats returns the dispatcher's counters.
 func (d *Dispatcher) Stats() Stats {

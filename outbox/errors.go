@@ -19,6 +19,9 @@ var (
 	ErrNotFound = errors.New("outbox: event not found")
 	// ErrInvalidConfig wraps every configuration error.
 	ErrInvalidConfig = errors.New("outbox: invalid config")
+	// ErrConfig is ErrInvalidConfig under the name every other rmqtx
+	// package gives its configuration sentinel.
+	ErrConfig = ErrInvalidConfig
 	// ErrClosed is returned by Start after Shutdown or Close.
 	ErrClosed = errors.New("outbox: dispatcher closed")
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -190,15 +191,24 @@ func sendStatus(res *primitive.SendResult) error {
 	}
 }
 
-// Close shuts the producer down. Idempotent.
-func (s *RocketMQSink) Close() error {
-	var err error
-	s.closeOnce.Do(func() { err = s.p.Shutdown() })
-	if err != nil {
+// Shutdown shuts the producer down, waiting for the client at most until ctx
+// ends (the client then finishes in the background). Idempotent: a second
+// call returns nil at once.
+func (s *RocketMQSink) Shutdown(ctx context.Context) error {
+	first := false
+	s.closeOnce.Do(func() { first = true })
+	if !first {
+		return nil
+	}
+	if err := shutdown.Wait(ctx, s.p.Shutdown); err != nil {
 		return fmt.Errorf("outbox: rocketmq shutdown: %w", err)
 	}
 	return nil
 }
+
+// Close is Shutdown bounded by shutdown.DefaultCloseTimeout (30 s), the
+// bound every rmqtx Close shares.
+func (s *RocketMQSink) Close() error { return shutdown.Close(s.Shutdown) }
 
 var codeRE = regexp.MustCompile(`CODE: (\d+)`)
 

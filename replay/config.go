@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -46,9 +47,14 @@ type Config struct {
 	// TablePrefix of the consumer tables and of <prefix>replay_audit.
 	// Default DefaultTablePrefix ("rmqtx_"); validated with sqlname.
 	TablePrefix string
-	// NameServer lists the name server addresses (host:port). Required for
-	// Replay (not for DryRun); the client's default HTTP resolver is never
-	// used.
+	// NameServers lists the name server addresses (host:port). Required for
+	// Start and Replay (not for DryRun); the client's default HTTP resolver
+	// is never used.
+	NameServers []string
+	// NameServer is the old spelling of NameServers; WithDefaults copies it
+	// into an empty NameServers, and New rejects the two set differently.
+	//
+	// Deprecated: use NameServers.
 	NameServer []string
 	// Group is the producer group of the replayer's normal producer.
 	// Default "rmqtx_replay". Keep it apart from transactional groups (#998).
@@ -97,6 +103,9 @@ type TestConfig struct {
 
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
+	if len(c.NameServers) == 0 {
+		c.NameServers = c.NameServer
+	}
 	if c.TablePrefix == "" {
 		c.TablePrefix = DefaultTablePrefix
 	}
@@ -130,10 +139,20 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: DB is required", ErrConfig)
 	}
 	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return fmt.Errorf("%w: TablePrefix: %w", ErrConfig, err)
 	}
-	if c.Rate < 0 || c.Batch < 0 || c.MaxMessages < 0 || c.SendTimeout < 0 {
-		return fmt.Errorf("%w: Rate, Batch, MaxMessages and SendTimeout must not be negative", ErrConfig)
+	if len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers) {
+		return fmt.Errorf("%w: NameServer (deprecated) and NameServers are both set and differ; set NameServers only", ErrConfig)
+	}
+	for _, f := range []struct {
+		name     string
+		negative bool
+	}{
+		{"Rate", c.Rate < 0}, {"Batch", c.Batch < 0}, {"MaxMessages", c.MaxMessages < 0}, {"SendTimeout", c.SendTimeout < 0},
+	} {
+		if f.negative {
+			return fmt.Errorf("%w: %s must not be negative", ErrConfig, f.name)
+		}
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func Example() {
 	if err != nil {
 		return
 	}
-	r, err := replay.New(replay.Config{DB: db, NameServer: []string{"127.0.0.1:9876"}, Rate: 5, Batch: 10})
+	r, err := replay.New(replay.Config{DB: db, NameServers: []string{"127.0.0.1:9876"}, Rate: 5, Batch: 10})
 	if err != nil {
 		return
 	}

@@ -78,7 +78,7 @@ func newReplayer(t *testing.T, cfg replay.Config) *replay.Replayer {
 	r, err := replay.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, r.Migrate(context.Background()))
-	if len(cfg.NameServer) > 0 {
+	if len(cfg.NameServers) > 0 {
 		require.NoError(t, r.Start(context.Background()))
 		t.Cleanup(func() { _ = r.Close() })
 	}

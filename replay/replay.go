@@ -21,6 +21,7 @@ import (
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 )
 
@@ -137,15 +138,15 @@ func (r *Replayer) Start(ctx context.Context) error {
 	if r.started {
 		return nil
 	}
-	if len(r.cfg.NameServer) == 0 {
-		return fmt.Errorf("%w: NameServer is required to replay", ErrConfig)
+	if len(r.cfg.NameServers) == 0 {
+		return fmt.Errorf("%w: NameServers is required to replay", ErrConfig)
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("replay: start: %w", err)
 	}
 	rmqlog.Install(r.cfg.Logger)
 	p, err := rmq.NewProducer(
-		producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServer)),
+		producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
 		producer.WithGroupName(r.cfg.Group),
 		producer.WithInstanceName(r.cfg.InstanceName),
 		producer.WithSendMsgTimeout(r.cfg.SendTimeout),
@@ -186,8 +187,9 @@ func (r *Replayer) Shutdown(ctx context.Context) error {
 	}
 }
 
-// Close is Shutdown without a deadline.
-func (r *Replayer) Close() error { return r.Shutdown(context.Background()) }
+// Close is Shutdown bounded by shutdown.DefaultCloseTimeout (30 s), the
+// bound every rmqtx Close shares.
+func (r *Replayer) Close() error { return shutdown.Close(r.Shutdown) }
 
 func (r *Replayer) producer() (rmq.Producer, error) {
 	r.mu.Lock()

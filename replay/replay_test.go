@@ -49,7 +49,7 @@ func TestReplayEndToEnd(t *testing.T) {
 				return err
 			}},
 		}},
-		NameServer: []string{s.NameServer}, Topic: topic,
+		NameServers: []string{s.NameServer}, Topic: topic,
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
@@ -70,7 +70,7 @@ func TestReplayEndToEnd(t *testing.T) {
 	require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE consumer_group = ?", group), "a parked event has no dedup row")
 
 	fixed.Store(true)
-	r := newReplayer(t, replay.Config{DB: db, NameServer: []string{s.NameServer}, Metrics: m, Rate: 50, Batch: 2,
+	r := newReplayer(t, replay.Config{DB: db, NameServers: []string{s.NameServer}, Metrics: m, Rate: 50, Batch: 2,
 		Group: testenv.Name(t, "replay"), InstanceName: testenv.Name(t, "replayinst")})
 	rep, err := r.Replay(ctx, replay.Request{Selector: replay.Selector{ConsumerGroup: group}, Operator: "alice", Reason: "handler fixed in v1.2.3"})
 	require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestReplayEndToEnd(t *testing.T) {
 
 	// The broker holds the replayed message under the ORIGINAL event id, with
 	// the replay metadata in its properties.
-	look := inspect.RemotingLookup{NameServer: []string{s.NameServer}}
+	look := inspect.RemotingLookup{NameServers: []string{s.NameServer}}
 	var msgs []inspect.BrokerMessage
 	testenv.Eventually(t, 30*time.Second, "broker index has original and replay", func() bool {
 		msgs, err = look.QueryByKey(ctx, topic, envs[0].EventID, 32)
@@ -152,7 +152,7 @@ func TestReplayRateLimit(t *testing.T) {
 	for range n {
 		insertDeadLetter(t, db, deadLetter{Group: group, Topic: topic})
 	}
-	r := newReplayer(t, replay.Config{DB: db, NameServer: []string{s.NameServer}, Group: testenv.Name(t, "replay"), InstanceName: testenv.Name(t, "ri")})
+	r := newReplayer(t, replay.Config{DB: db, NameServers: []string{s.NameServer}, Group: testenv.Name(t, "replay"), InstanceName: testenv.Name(t, "ri")})
 	rep, err := r.Replay(context.Background(), replay.Request{Selector: replay.Selector{ConsumerGroup: group}, Operator: "ops", Reason: "rate test",
 		Rate: perSecond, Batch: 4})
 	require.NoError(t, err)
@@ -199,7 +199,7 @@ func TestReplayStopsOnNewDeadLetters(t *testing.T) {
 		insertDeadLetter(t, db, deadLetter{Group: group, Topic: topic})
 	}
 	var hookDB = db
-	r := newReplayer(t, replay.Config{DB: db, NameServer: []string{s.NameServer}, StopAfterNewDeadLetters: 2,
+	r := newReplayer(t, replay.Config{DB: db, NameServers: []string{s.NameServer}, StopAfterNewDeadLetters: 2,
 		Group: testenv.Name(t, "replay"), InstanceName: testenv.Name(t, "ri"),
 		Test: replay.TestConfig{AfterBatch: func(batch int) {
 			if batch == 1 { // the downstream breaks again: two fresh dead letters

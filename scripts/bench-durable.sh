@@ -50,8 +50,10 @@ GRANT ALL PRIVILEGES ON *.* TO '$RMQTX_MYSQL_USER'@'127.0.0.1';
 SQL
 echo "bench-durable: MariaDB with innodb_flush_log_at_trx_commit=$(mariadb --no-defaults -uroot -S "$SOCK" -N -e 'SELECT @@innodb_flush_log_at_trx_commit') on 127.0.0.1:$PORT" >&2
 
+broker_version=$(bash scripts/services.sh status 2>/dev/null | sed -n 's#^jar cache .*/rocketmq-\([^/]*\)/lib$#\1#p' || true)
+export RMQTX_ROCKETMQ_VERSION=${broker_version:-${RMQTX_ROCKETMQ_VERSION:-unknown}}
 export RMQTX_MYSQL_ADDR=127.0.0.1:$PORT
 export RMQTX_TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 export RMQTX_TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
 export RMQTX_TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
-go run ./cmd/rmqtx-bench -json "${BENCH_JSON:-bench-results-durable.json}" "$@"
+go run ./cmd/rmqtx-bench -json "${BENCH_JSON:-.run/bench-results-durable.json}" "$@"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Raw rocketmq-client-go vs rmqtx, side by side in one run, with ratios
-# (issue 8). Starts the local services if needed, then runs cmd/rmqtx-bench:
-# the table goes to stdout, the JSON to $BENCH_JSON (default bench-results.json).
+# (issues 8 and 14). Starts the local services if needed, then runs
+# cmd/rmqtx-bench: the table goes to stdout, the JSON to $BENCH_JSON (default
+# bench-results.json). scripts/bench-durable.sh runs the same against a
+# private MariaDB with innodb_flush_log_at_trx_commit=1.
 #
-#   scripts/bench.sh                                   full run (about 3-5 minutes on 2 cores)
+#   scripts/bench.sh                                   full run (about 6-8 minutes on 2 cores)
 #   scripts/bench.sh -workloads producer -rounds 5     any rmqtx-bench flag (go run ./cmd/rmqtx-bench -h)
 #   BENCH_JSON=/tmp/b.json scripts/bench.sh
 set -euo pipefail

@@ -16,7 +16,7 @@ import (
 // a producer from starting.
 func (p *Producer) checkBrokerSettings(ctx context.Context) error {
 	l := p.cfg.Logger
-	masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServer, p.cfg.SendTimeout)
+	masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout)
 	if err != nil {
 		l.WithError(err).Info("txproducer: could not list the brokers; FenceAge not checked against their settings")
 		return nil

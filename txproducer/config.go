@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
 )
@@ -32,8 +34,13 @@ const (
 
 // Config configures a Producer.
 type Config struct {
-	// NameServer lists name server addresses (host:port). Required; the
+	// NameServers lists name server addresses (host:port). Required; the
 	// client's default resolver (an HTTP lookup) is never used.
+	NameServers []string
+	// NameServer is the old spelling of NameServers; WithDefaults copies it
+	// into an empty NameServers, and New rejects the two set differently.
+	//
+	// Deprecated: use NameServers.
 	NameServer []string
 	// Group is the transactional producer group. Required. Use it for this
 	// producer only: the broker sends checks to any live member of the
@@ -134,6 +141,9 @@ type TestHooks struct {
 
 // WithDefaults returns a copy of c with defaults filled in.
 func (c Config) WithDefaults() Config {
+	if len(c.NameServers) == 0 {
+		c.NameServers = c.NameServer
+	}
 	if c.InstanceName == "" && c.Group != "" {
 		c.InstanceName = c.Group + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 	}
@@ -170,12 +180,15 @@ func (c Config) WithDefaults() Config {
 var groupRE = topicRE
 
 func (c Config) validate() error {
-	if len(c.NameServer) == 0 {
-		return wrapf(ErrConfig, "NameServer is required")
+	if len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers) {
+		return wrapf(ErrConfig, "NameServer (deprecated) and NameServers are both set and differ; set NameServers only")
 	}
-	for _, a := range c.NameServer {
+	if len(c.NameServers) == 0 {
+		return wrapf(ErrConfig, "NameServers is required")
+	}
+	for _, a := range c.NameServers {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			return wrapf(ErrConfig, "NameServer %q: want host:port", a)
+			return wrapf(ErrConfig, "NameServers: %q: want host:port", a)
 		}
 	}
 	if !groupRE.MatchString(c.Group) {
@@ -186,6 +199,9 @@ func (c Config) validate() error {
 	}
 	if c.DB != nil && c.Log != nil && c.Log.DB().DB != c.DB.DB {
 		return wrapf(ErrConfig, "Log: its database handle is not DB; the txlog must be in the database of the local transaction (pass DB alone, or a Log built on DB)")
+	}
+	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
+		return wrapf(ErrConfig, "TablePrefix: %v", err)
 	}
 	if c.MaxPayloadBytes > 4<<20 {
 		return wrapf(ErrConfig, "MaxPayloadBytes %d is above the broker's default 4 MiB message limit", c.MaxPayloadBytes)

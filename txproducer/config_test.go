@@ -27,7 +27,7 @@ func openLazy(t *testing.T, dbName string) *sqlx.DB {
 func TestConfigLogMustUseDB(t *testing.T) {
 	t.Parallel()
 	shop, other := openLazy(t, "shop"), openLazy(t, "other")
-	base := txproducer.Config{NameServer: []string{"127.0.0.1:9876"}, Group: "g"}
+	base := txproducer.Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g"}
 	logOn := func(db *sqlx.DB) *txlog.Store {
 		s, err := txlog.New(db, txlog.DefaultPrefix)
 		require.NoError(t, err)
@@ -47,7 +47,7 @@ func TestConfigLogMustUseDB(t *testing.T) {
 		"Log built on DB":     {DB: shop, Log: logOn(shop)},
 		"same pool, new sqlx": {DB: sqlx.NewDb(shop.DB, "mysql"), Log: logOn(shop)},
 	} {
-		c.NameServer, c.Group = base.NameServer, base.Group
+		c.NameServers, c.Group = base.NameServers, base.Group
 		p, err := txproducer.New(c)
 		require.NoError(t, err, name)
 		require.Same(t, shop.DB, p.Log().DB().DB, name)

@@ -33,7 +33,7 @@ func TestHelperProcess(t *testing.T) {
 		os.Exit(2)
 	}
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: []string{os.Getenv("RMQTX_HELPER_NAMESRV")}, Group: os.Getenv("RMQTX_HELPER_GROUP"), DB: db,
+		NameServers: []string{os.Getenv("RMQTX_HELPER_NAMESRV")}, Group: os.Getenv("RMQTX_HELPER_GROUP"), DB: db,
 		DisableRecovery: true, FenceAge: testFenceAge,
 	})
 	if err != nil {
@@ -193,7 +193,7 @@ func TestDiscardRecovery(t *testing.T) {
 	b := setup(t, 1)
 	decisions := make(chan checkback.RecoveryResult, 16)
 	rec, err := checkback.NewRecovery(checkback.RecoveryConfig{
-		NameServer: []string{b.s.NameServer}, Group: b.group, Log: b.store, StartRetry: time.Second,
+		NameServers: []string{b.s.NameServer}, Group: b.group, Log: b.store, StartRetry: time.Second,
 		OnDecision: func(r checkback.RecoveryResult) { decisions <- r },
 	})
 	require.NoError(t, err)

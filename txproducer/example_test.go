@@ -19,7 +19,7 @@ func Example() {
 		return
 	}
 	p, err := txproducer.New(txproducer.Config{
-		NameServer:   []string{"127.0.0.1:9876"},
+		NameServers:  []string{"127.0.0.1:9876"},
 		Group:        "shop-orders-tx",
 		DB:           db,
 		WarmupTopics: []string{"orders"},

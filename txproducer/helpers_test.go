@@ -52,7 +52,7 @@ func setup(t *testing.T, queues int) *bundle {
 
 func (b *bundle) config() txproducer.Config {
 	return txproducer.Config{
-		NameServer:      []string{b.s.NameServer},
+		NameServers:     []string{b.s.NameServer},
 		Group:           b.group,
 		DB:              b.db,
 		FenceAge:        testFenceAge,

@@ -22,6 +22,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -80,7 +81,7 @@ func New(cfg Config) (*Producer, error) {
 	p := &Producer{cfg: cfg, db: db, log: store, checker: checker, tr: otelx.New(cfg.TracerProvider)}
 	if !cfg.DisableRecovery {
 		p.recovery, err = checkback.NewRecovery(checkback.RecoveryConfig{
-			NameServer: cfg.NameServer, Group: cfg.Group, Log: store,
+			NameServers: cfg.NameServers, Group: cfg.Group, Log: store,
 			InstanceName: cfg.InstanceName + "-recovery", StartRetry: cfg.RecoveryStartRetry,
 			SendTimeout: cfg.SendTimeout, QueryTimeout: cfg.CheckTimeout,
 			Metrics: cfg.Metrics, Logger: cfg.Logger, OnDecision: cfg.OnRecovery,
@@ -121,7 +122,7 @@ func (p *Producer) Start(ctx context.Context) error {
 	tp, err := rocketmq.NewTransactionProducer(&listener{p: p},
 		producer.WithGroupName(p.cfg.Group),
 		producer.WithInstanceName(p.cfg.InstanceName),
-		producer.WithNsResolver(primitive.NewPassthroughResolver(p.cfg.NameServer)),
+		producer.WithNsResolver(primitive.NewPassthroughResolver(p.cfg.NameServers)),
 		producer.WithSendMsgTimeout(p.cfg.SendTimeout),
 		producer.WithRetry(p.cfg.SendRetries),
 		producer.WithInterceptor(probeRollback),
@@ -532,12 +533,10 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// Close is Shutdown with a 30 s bound.
-func (p *Producer) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return p.Shutdown(ctx)
-}
+// Close is Shutdown bounded by shutdown.DefaultCloseTimeout (30 s), the
+// bound every rmqtx Close shares: sends still running then are left to
+// finish and the client stops when they return.
+func (p *Producer) Close() error { return shutdown.Close(p.Shutdown) }
 
 // listener adapts the client's argument-less callbacks. Both methods
 // recover panics: on this client a panic would end the check loop for good.

@@ -26,12 +26,12 @@ import (
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := sqlx.NewDb(nil, "mysql")
-	ok := txproducer.Config{NameServer: []string{"127.0.0.1:9876"}, Group: "g", DB: db}
+	ok := txproducer.Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", DB: db}
 	_, err := txproducer.New(ok)
 	require.NoError(t, err)
 	for name, mod := range map[string]func(*txproducer.Config){
-		"no name server":  func(c *txproducer.Config) { c.NameServer = nil },
-		"bad name server": func(c *txproducer.Config) { c.NameServer = []string{"nope"} },
+		"no name server":  func(c *txproducer.Config) { c.NameServers = nil },
+		"bad name server": func(c *txproducer.Config) { c.NameServers = []string{"nope"} },
 		"no group":        func(c *txproducer.Config) { c.Group = "" },
 		"bad group":       func(c *txproducer.Config) { c.Group = "a b" },
 		"no db":           func(c *txproducer.Config) { c.DB = nil },
@@ -52,7 +52,7 @@ func TestConfigValidation(t *testing.T) {
 
 func TestSendBeforeStartAndAfterShutdown(t *testing.T) {
 	t.Parallel()
-	p, err := txproducer.New(txproducer.Config{NameServer: []string{"127.0.0.1:9876"}, Group: "g", DB: sqlx.NewDb(nil, "mysql")})
+	p, err := txproducer.New(txproducer.Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", DB: sqlx.NewDb(nil, "mysql")})
 	require.NoError(t, err)
 	_, err = p.Send(context.Background(), txproducer.Message{}, nil)
 	require.ErrorIs(t, err, txproducer.ErrNotStarted)

@@ -66,7 +66,7 @@ func (p *Producer) confirmRegistered(ctx context.Context) {
 	l := p.cfg.Logger.WithField("group", p.cfg.Group)
 	serving := map[string]bool{}
 	for _, topic := range p.cfg.WarmupTopics {
-		brokers, err := remoting.MasterBrokers(ctx, p.cfg.NameServer, p.cfg.SendTimeout, topic)
+		brokers, err := remoting.MasterBrokers(ctx, p.cfg.NameServers, p.cfg.SendTimeout, topic)
 		if err != nil {
 			l.WithError(err).WithField("topic", topic).Info("txproducer: warm-up could not read the topic's route; registration not confirmed")
 			continue
@@ -85,7 +85,7 @@ func (p *Producer) confirmRegistered(ctx context.Context) {
 			l.WithField("broker", addr).Warn("txproducer: the broker has not registered this instance after warm-up; its checks reach the group's other instances, or this one after its next heartbeat (30 s)")
 		}
 	}
-	masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServer, p.cfg.SendTimeout)
+	masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout)
 	if err != nil {
 		return
 	}

@@ -231,7 +231,7 @@ func checkbackRound(ctx context.Context, e *Env, store *txlog.Store, index, k in
 		tLast = now
 	}
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: []string{e.S.NameServer}, Group: group, DB: e.DB, Log: store,
+		NameServers: []string{e.S.NameServer}, Group: group, DB: e.DB, Log: store,
 		FenceAge: o.FenceAge, WarmupTopics: []string{topic}, OnCheck: onCheck,
 	})
 	if err != nil {

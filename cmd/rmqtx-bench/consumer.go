@@ -220,7 +220,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					Routes:      map[string]consumer.Route{benchEventType: {Handler: batchHandler}},
 					VersionMode: consumer.VersionNone,
 				},
-				NameServer:       []string{e.S.NameServer},
+				NameServers:      []string{e.S.NameServer},
 				Topic:            topic,
 				Goroutines:       o.Concurrency,
 				BatchTransaction: true,
@@ -258,10 +258,10 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					Routes:      map[string]consumer.Route{benchEventType: {Handler: handler}},
 					VersionMode: consumer.VersionNone,
 				},
-				NameServer: []string{e.S.NameServer},
-				Topic:      t,
-				Goroutines: o.Concurrency,
-				BatchSize:  1,
+				NameServers: []string{e.S.NameServer},
+				Topic:       t,
+				Goroutines:  o.Concurrency,
+				BatchSize:   1,
 			})
 			if err != nil {
 				return nil, err

@@ -47,6 +47,7 @@ type Options struct {
 	DSNParams   string // extra go-sql-driver DSN parameters, both sides
 	NoPayload   bool   // txproducer DisablePayloadStorage (experiment)
 	NoTxlogIdx  bool   // drop the txlog's secondary indexes (experiment)
+	Tracing     bool   // producer: add an rmqtx Send side with OpenTelemetry tracing on
 }
 
 var allWorkloads = []string{"roundtrips", "producer", "localtx", "consumer", "outbox", "checkback"}
@@ -82,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&opt.Rounds, "rounds", 5, "measured rounds per side; sides alternate within each round")
 	fs.DurationVar(&opt.Duration, "duration", 2*time.Second, "producer: length of one measured round per side")
 	fs.Int64Var(&opt.N, "n", 0, "producer: operations per round per side instead of -duration (0: use -duration)")
-	fs.IntVar(&opt.Messages, "messages", 2000, "consumer: messages per round per side")
+	fs.IntVar(&opt.Messages, "messages", 4000, "consumer: messages per round per side")
 	fs.IntVar(&opt.OutboxRows, "outbox-rows", 10000, "outbox: rows per round per side (a round of 2000 rows lasts about 0.3 s: too short to time)")
 	fs.IntVar(&opt.Halves, "halves", 200, "checkback: orphaned half messages per round")
 	fs.DurationVar(&opt.Warmup, "warmup", 2*time.Second, "warm-up per side before the first measured round")
@@ -97,6 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&opt.DSNParams, "dsn-params", "", "extra go-sql-driver DSN parameters for every side, e.g. interpolateParams=true")
 	fs.BoolVar(&opt.NoPayload, "txlog-no-payload", false, "rmqtx producer: DisablePayloadStorage (only the hash is stored in the txlog)")
 	fs.BoolVar(&opt.NoTxlogIdx, "txlog-no-index", false, "experiment: drop the txlog's two secondary indexes (what the insert costs without them; tooling needs them)")
+	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -253,6 +255,7 @@ const (
 	sideRawTxLog    = "raw tx producer + txlog"
 	sideRawSendSync = "raw SendSync (ceiling, no DB)"
 	sideRmqtxSend   = "rmqtx Send"
+	sideRmqtxTraced = "rmqtx Send + tracing"
 
 	sideRawHandler  = "raw handler"
 	sideRawDedup    = "raw handler + dedup"
@@ -284,6 +287,7 @@ func addRatios(w *Workload) {
 		w.AddRatio("rmqtx Send / raw tx producer + txlog", sideRmqtxSend, sideRawTxLog, targetProducerTxLog)
 		w.AddRatio("rmqtx Send / raw SendSync ceiling (tx/s)", sideRmqtxSend, sideRawSendSync, 0)
 		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
+		w.AddRatio("rmqtx Send + tracing / rmqtx Send", sideRmqtxTraced, sideRmqtxSend, 0)
 	case "localtx":
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
 		w.AddRatio("rmqtx local tx / raw + hand-written log", "rmqtx local tx (no broker)", "raw + hand-written log (no broker)", 0)

@@ -10,6 +10,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -80,11 +82,23 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 		add(s)
 	}
 	// rmqtx Send.
-	if s, err := rmqtxSendSide(ctx, e); err != nil {
+	if s, err := rmqtxSendSide(ctx, e, nil); err != nil {
 		w.Error = err.Error()
 		return w
 	} else {
 		add(s)
+	}
+	// rmqtx Send with tracing on (-tracing): every span sampled and ended,
+	// none exported, so the figure is what the instrumentation itself costs.
+	if o.Tracing {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+		defer func() { _ = tp.Shutdown(context.Background()) }()
+		if s, err := rmqtxSendSide(ctx, e, tp); err != nil {
+			w.Error = err.Error()
+			return w
+		} else {
+			add(s)
+		}
 	}
 
 	measureLoops(ctx, e, w, sides)
@@ -309,7 +323,7 @@ func newTxlog(ctx context.Context, e *Env) (*txlog.Store, error) {
 	return store, nil
 }
 
-func rmqtxSendSide(ctx context.Context, e *Env) (*loopSide, error) {
+func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider) (*loopSide, error) {
 	topic, group, table := e.Names.Name("prmqtx"), e.Names.Name("prmqtxg"), e.Names.Name("orders_rmqtx")
 	if err := e.CreateTopic(ctx, topic, 4); err != nil {
 		return nil, err
@@ -321,13 +335,18 @@ func rmqtxSendSide(ctx context.Context, e *Env) (*loopSide, error) {
 	if err != nil {
 		return nil, err
 	}
+	name, desc := sideRmqtxSend, "txproducer.Send: BEGIN; txlog INSERT; business INSERT; COMMIT (defaults: payload stored in the txlog, discard recovery on)"
+	if tp != nil {
+		name, desc = sideRmqtxTraced, desc+"; OpenTelemetry spans for send, half send and local tx, trace context in the message"
+	}
 	p, err := txproducer.New(txproducer.Config{
-		NameServer:            []string{e.S.NameServer},
+		NameServers:           []string{e.S.NameServer},
 		Group:                 group,
 		DB:                    e.DB,
 		Log:                   store,
 		WarmupTopics:          []string{topic},
 		DisablePayloadStorage: e.Opt.NoPayload,
+		TracerProvider:        tp,
 	})
 	if err != nil {
 		return nil, err
@@ -336,7 +355,7 @@ func rmqtxSendSide(ctx context.Context, e *Env) (*loopSide, error) {
 		return nil, fmt.Errorf("txproducer start: %w", err)
 	}
 	s := &loopSide{
-		side: &Side{Name: sideRmqtxSend, Unit: "tx/s", Description: "txproducer.Send: BEGIN; txlog INSERT; business INSERT; COMMIT (defaults: payload stored in the txlog, discard recovery on)"},
+		side: &Side{Name: name, Unit: "tx/s", Description: desc},
 		close: func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

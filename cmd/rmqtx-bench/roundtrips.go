@@ -271,7 +271,7 @@ func (e *Env) countSend(ctx context.Context, one *sqlx.DB, measure func(string, 
 		return err
 	}
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: []string{e.S.NameServer}, Group: group, DB: one, Log: store, WarmupTopics: []string{topic},
+		NameServers: []string{e.S.NameServer}, Group: group, DB: one, Log: store, WarmupTopics: []string{topic},
 		DisablePayloadStorage: e.Opt.NoPayload,
 	})
 	if err != nil {

@@ -80,7 +80,7 @@ func (o *options) inspector(db *sqlx.DB, lookup bool) (*inspect.Inspector, error
 	}
 	cfg := inspect.Config{DB: db, TablePrefix: o.prefix, Redact: o.payloadRedactor(), Now: now}
 	if lookup && (len(o.nameServers()) > 0 || o.broker != "") {
-		cfg.Broker = inspect.RemotingLookup{NameServer: o.nameServers(), Brokers: splitList(o.broker)}
+		cfg.Broker = inspect.RemotingLookup{NameServers: o.nameServers(), Brokers: splitList(o.broker)}
 	}
 	return inspect.New(cfg)
 }
@@ -393,7 +393,7 @@ func cmdReplay(ctx context.Context, args []string, env func(string) string, stdo
 		return 0, usageErr("a name server is required to replay: --namesrv or RMQTX_NAMESRV")
 	}
 	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
-		r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix, NameServer: o.nameServers(), Rate: *rateF, Batch: *batch,
+		r, err := replay.New(replay.Config{DB: db, TablePrefix: o.prefix, NameServers: o.nameServers(), Rate: *rateF, Batch: *batch,
 			StopAfterNewDeadLetters: *stopAfter})
 		if err != nil {
 			return 0, err

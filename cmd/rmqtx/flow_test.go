@@ -47,13 +47,13 @@ func TestRunbookFlow(t *testing.T) {
 			_, err := tx.ExecContext(ctx, "INSERT INTO points (event_id, points) VALUES (?, 10)", ev.ID)
 			return err
 		}},
-	}}, NameServer: []string{s.NameServer}, Topic: topic})
+	}}, NameServers: []string{s.NameServer}, Topic: topic})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
 	t.Cleanup(func() { _ = c.Close() })
 
 	pgroup := testenv.Name(t, "ptx")
-	p, err := txproducer.New(txproducer.Config{NameServer: []string{s.NameServer}, Group: pgroup, DB: db, WarmupTopics: []string{topic}})
+	p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: pgroup, DB: db, WarmupTopics: []string{topic}})
 	require.NoError(t, err)
 	require.NoError(t, p.Start(ctx))
 	t.Cleanup(func() { _ = p.Close() })

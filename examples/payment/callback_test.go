@@ -40,7 +40,7 @@ func setupCallback(t *testing.T) *callbackBundle {
 	topic := testenv.Name(t, "pay")
 	testenv.CreateTopic(t, topic, 4)
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: []string{s.NameServer}, Group: testenv.Name(t, "ptx"), DB: db, TablePrefix: rmqtxPrefix,
+		NameServers: []string{s.NameServer}, Group: testenv.Name(t, "ptx"), DB: db, TablePrefix: rmqtxPrefix,
 		FenceAge: 4 * time.Second, LocalTxTimeout: 3 * time.Second, WarmupTopics: []string{topic},
 	})
 	require.NoError(t, err)

@@ -25,7 +25,7 @@ func TestEndToEnd(t *testing.T) {
 	log, lib, _ := newLoggers(testWriter{t}, false)
 	const n, canceled, redelivered = 60, 6, 6
 	cfg := RunConfig{
-		DB: db, NameServer: []string{s.NameServer}, Broker: s.Broker, RunID: "t" + testenv.RandSuffix(10),
+		DB: db, NameServers: []string{s.NameServer}, Broker: s.Broker, RunID: "t" + testenv.RandSuffix(10),
 		Payments: n, DupRate: 0.3, FailRate: 0.15, CancelRate: float64(canceled) / n, RedeliverRate: float64(redelivered) / n,
 		LostSMSRate: 0.2, Log: log, LibLog: lib, Timeout: 3 * time.Minute,
 	}

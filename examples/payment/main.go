@@ -121,7 +121,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	defer db.Close()
 	db.SetMaxOpenConns(64)
 	db.SetMaxIdleConns(64)
-	cfg.DB, cfg.NameServer, cfg.Broker = db, []string{s.NameServer}, s.Broker
+	cfg.DB, cfg.NameServers, cfg.Broker = db, []string{s.NameServer}, s.Broker
 	cfg.Log, cfg.LibLog = log, lib
 	log.WithFields(logrus.Fields{"database": dbName, "namesrv": s.NameServer, "payments": cfg.Payments}).Info("payment demo starting")
 	res, err := Run(ctx, cfg)

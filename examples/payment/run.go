@@ -66,11 +66,11 @@ func ReconcileTables(groups []string) Tables {
 
 // RunConfig configures one demo run.
 type RunConfig struct {
-	DB         *sqlx.DB
-	NameServer []string
-	Broker     string // broker address, for creating the run's topics
-	RunID      string
-	Secret     []byte
+	DB          *sqlx.DB
+	NameServers []string
+	Broker      string // broker address, for creating the run's topics
+	RunID       string
+	Secret      []byte
 
 	Payments      int     // payments made and paid (default 200)
 	Users         int     // distinct users (default Payments/8, at least 3)
@@ -315,7 +315,7 @@ func (a *app) start(ctx context.Context) error {
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	// The consumers create their groups' retry topics when they start.
-	if err := CreateTopics(tctx, cfg.NameServer, cfg.Broker, n.PaymentTopic, n.OrderTopic); err != nil {
+	if err := CreateTopics(tctx, cfg.NameServers, cfg.Broker, n.PaymentTopic, n.OrderTopic); err != nil {
 		return err
 	}
 	payT, _ := outbox.NewTable(payOutboxPrefix)
@@ -334,7 +334,7 @@ func (a *app) start(ctx context.Context) error {
 	// Outbox dispatchers: OrderPaid and order-service events go to the
 	// order topic through one RocketMQ sink; SMS commands go to the gateway.
 	var err error
-	a.sink, err = outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: cfg.NameServer, Group: n.OutboxGroup, Logger: libLog})
+	a.sink, err = outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: cfg.NameServers, Group: n.OutboxGroup, Logger: libLog})
 	if err != nil {
 		return err
 	}
@@ -411,7 +411,7 @@ func (a *app) start(ctx context.Context) error {
 				Group: group, DB: cfg.DB, TablePrefix: rmqtxPrefix, Routes: routes,
 				VersionMode: consumer.VersionMonotonic, Logger: libLog,
 			},
-			NameServer: cfg.NameServer, Topic: topic, Goroutines: 8,
+			NameServers: cfg.NameServers, Topic: topic, Goroutines: 8,
 		})
 		if err != nil {
 			return nil, err
@@ -438,7 +438,7 @@ func (a *app) start(ctx context.Context) error {
 
 func (a *app) newProducer(ctx context.Context) (*txproducer.Producer, error) {
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: a.cfg.NameServer, Group: a.names.ProducerGroup, DB: a.cfg.DB, TablePrefix: rmqtxPrefix,
+		NameServers: a.cfg.NameServers, Group: a.names.ProducerGroup, DB: a.cfg.DB, TablePrefix: rmqtxPrefix,
 		FenceAge: a.cfg.FenceAge, LocalTxTimeout: a.cfg.FenceAge * 3 / 4,
 		WarmupTopics: []string{a.names.PaymentTopic},
 		Logger:       a.cfg.LibLog,

@@ -144,8 +144,8 @@ func startConsumer(t *testing.T, db *sqlx.DB, topic string, tp trace.TracerProvi
 			Group: testenv.Name(t, "cg"), DB: db, TracerProvider: tp,
 			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: h.handler}},
 		},
-		NameServer: []string{s.NameServer},
-		Topic:      topic,
+		NameServers: []string{s.NameServer},
+		Topic:       topic,
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))
@@ -185,7 +185,7 @@ func TestTraceSendToHandlerAcrossBroker(t *testing.T) {
 	checked := make(chan struct{})
 	var once sync.Once
 	p, err := txproducer.New(txproducer.Config{
-		NameServer: []string{s.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
+		NameServers: []string{s.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
 		WarmupTopics: []string{topic}, DisableRecovery: true, TracerProvider: tp,
 		FenceAge: 4 * time.Second, // fits the test bed's short check settings
 		OnCheck: func(a checkback.Answer) {

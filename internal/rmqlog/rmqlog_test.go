@@ -214,7 +214,7 @@ func TestRealRollbackLeaksNoPayload(t *testing.T) {
 	topic := testenv.Name(t, "pay")
 	testenv.CreateTopic(t, topic, 1)
 
-	p, err := txproducer.New(txproducer.Config{NameServer: []string{s.NameServer}, Group: testenv.Name(t, "ptx"), DB: db,
+	p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: testenv.Name(t, "ptx"), DB: db,
 		Logger: l, DisableRecovery: true, FenceAge: 4 * time.Second, LocalTxTimeout: 3 * time.Second}) // fits the test broker's check timing
 	require.NoError(t, err)
 	require.NoError(t, p.Log().Migrate(ctx))

@@ -1,0 +1,42 @@
+package archive
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+)
+
+// Every invalid Config field gives an ErrConfig naming that field, so an
+// operator knows what to fix without reading the source. A retention below
+// its minimum is also ErrRetentionTooShort.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	ok := Config{DB: sqlx.NewDb(nil, "mysql")}
+	_, err := New(ok)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"DB", func(c *Config) { c.DB = nil }},
+		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
+		{"Tables", func(c *Config) { c.Tables = []Table{"nope"} }},
+		{"Batch", func(c *Config) { c.Batch = -1 }},
+		{"MaxBatches", func(c *Config) { c.MaxBatches = -1 }},
+		{"TxlogRetention", func(c *Config) { c.TxlogRetention = time.Minute }},
+		{"DeadLetterRetention", func(c *Config) { c.DeadLetterRetention = 10000 * 24 * time.Hour }},
+	} {
+		c := ok
+		tc.mod(&c)
+		_, err := New(c)
+		require.ErrorIs(t, err, ErrConfig, tc.field)
+		require.ErrorContains(t, err, tc.field)
+		require.ErrorContains(t, err, "archive: ")
+	}
+	c := ok
+	c.TxlogRetention = time.Minute
+	_, err = New(c)
+	require.ErrorIs(t, err, ErrRetentionTooShort)
+}

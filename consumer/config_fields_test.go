@@ -1,0 +1,63 @@
+package consumer
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+)
+
+// Every invalid Config field gives an ErrConfig naming that field, so an
+// operator knows what to fix without reading the source.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
+	ok := Config{
+		ProcessorConfig: ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: h}}},
+		NameServers:     []string{"127.0.0.1:9876"}, Topic: "t",
+	}
+	_, err := New(ok)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"Group", func(c *Config) { c.Group = "" }},
+		{"Group", func(c *Config) { c.Group = strings.Repeat("g", 256) }},
+		{"DB", func(c *Config) { c.DB = nil }},
+		{"Routes", func(c *Config) { c.Routes = nil }},
+		{"Routes", func(c *Config) { c.Routes = map[string]Route{"": {Handler: h}} }},
+		{"Handler", func(c *Config) { c.Routes = map[string]Route{"T": {}} }},
+		{"Version", func(c *Config) { c.Routes = map[string]Route{"T": {Handler: h, Version: -1}} }},
+		{"VersionMode", func(c *Config) { c.VersionMode = 42 }},
+		{"UnknownType", func(c *Config) { c.UnknownType = 9 }},
+		{"TablePrefix", func(c *Config) { c.TablePrefix = "bad-prefix;" }},
+		{"Adopt", func(c *Config) { c.Adopt = &Adoption{ID: IDFromProperty} }},
+		{"NameServers", func(c *Config) { c.NameServers = nil }},
+		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
+		{"Topic", func(c *Config) { c.Topic = "" }},
+		{"BatchSize", func(c *Config) { c.BatchSize = 2000 }},
+	} {
+		c := ok
+		tc.mod(&c)
+		_, err := New(c)
+		require.ErrorIs(t, err, ErrConfig, tc.field)
+		require.ErrorContains(t, err, tc.field)
+		require.ErrorContains(t, err, "consumer: ")
+	}
+}
+
+// The deprecated NameServer still works alone.
+func TestDeprecatedNameServerIsMerged(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
+	ns := []string{"127.0.0.1:9876"}
+	c, err := New(Config{
+		ProcessorConfig: ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: h}}},
+		NameServer:      ns, Topic: "t",
+	})
+	require.NoError(t, err)
+	require.Equal(t, ns, c.Config().NameServers)
+}

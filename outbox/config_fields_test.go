@@ -1,0 +1,67 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+)
+
+// Every invalid Config and RocketMQConfig field gives an ErrConfig naming
+// that field, so an operator knows what to fix without reading the source.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	require.Same(t, ErrInvalidConfig, ErrConfig, "ErrConfig is ErrInvalidConfig under the common name")
+	ok := Config{DB: &sqlx.DB{}, Sink: nopSink{}}
+	_, err := NewDispatcher(ok)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"DB", func(c *Config) { c.DB = nil }},
+		{"Sink", func(c *Config) { c.Sink = nil }},
+		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
+		{"Name", func(c *Config) { c.Name = "a b" }},
+		{"BackoffMax", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second }},
+		{"SendTimeout", func(c *Config) { c.SendTimeout, c.LeaseDuration = time.Minute, time.Second }},
+	} {
+		c := ok
+		tc.mod(&c)
+		_, err := NewDispatcher(c)
+		require.ErrorIs(t, err, ErrConfig, tc.field)
+		require.ErrorContains(t, err, tc.field)
+		require.ErrorContains(t, err, "outbox: ")
+	}
+	_, err = NewRocketMQSink(RocketMQConfig{})
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "NameServers")
+}
+
+// hangingProducer is a client whose Shutdown never returns.
+type hangingProducer struct {
+	rocketmq.Producer // unused methods panic
+	release           chan struct{}
+}
+
+func (h hangingProducer) Shutdown() error { <-h.release; return nil }
+
+// A sink whose client hangs in Shutdown still returns once ctx ends, and a
+// second Shutdown (or Close) returns at once.
+func TestRocketMQSinkShutdownIsBounded(t *testing.T) {
+	t.Parallel()
+	h := hangingProducer{release: make(chan struct{})}
+	defer close(h.release)
+	s := &RocketMQSink{p: h}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := s.Shutdown(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "outbox: ")
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.NoError(t, s.Close(), "idempotent")
+}

@@ -1,0 +1,59 @@
+package txproducer
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// Every invalid Config field gives an ErrConfig naming that field, so an
+// operator knows what to fix without reading the source.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	db := sqlx.NewDb(nil, "mysql")
+	other, err := txlog.New(sqlx.NewDb(&sql.DB{}, "mysql"), "")
+	require.NoError(t, err)
+	ok := Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", DB: db}
+	_, err = New(ok)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"NameServers", func(c *Config) { c.NameServers = nil }},
+		{"NameServers", func(c *Config) { c.NameServers = []string{"nope"} }},
+		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
+		{"Group", func(c *Config) { c.Group = "" }},
+		{"Group", func(c *Config) { c.Group = "a b" }},
+		{"DB", func(c *Config) { c.DB = nil }},
+		{"Log", func(c *Config) { c.Log = other }},
+		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
+		{"MaxPayloadBytes", func(c *Config) { c.MaxPayloadBytes = 5 << 20 }},
+		{"WarmupTopics", func(c *Config) { c.WarmupTopics = []string{"a b"} }},
+	} {
+		c := ok
+		tc.mod(&c)
+		_, err := New(c)
+		require.ErrorIs(t, err, ErrConfig, tc.field)
+		require.ErrorContains(t, err, tc.field)
+		require.ErrorContains(t, err, "txproducer: ")
+	}
+}
+
+// The deprecated NameServer still works alone and agrees with NameServers
+// when both are set alike.
+func TestDeprecatedNameServerIsMerged(t *testing.T) {
+	t.Parallel()
+	ns := []string{"127.0.0.1:9876"}
+	c := Config{NameServer: ns, Group: "g", DB: sqlx.NewDb(nil, "mysql")}
+	p, err := New(c)
+	require.NoError(t, err)
+	require.Equal(t, ns, p.cfg.NameServers)
+	c.NameServers = []string{"127.0.0.1:9876"}
+	_, err = New(c)
+	require.NoError(t, err)
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/consumer"
@@ -71,4 +73,89 @@ func TestClientShutdownUnderLoadIsRaceFree(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
+}
+
+// TestPushConsumerShutdownWhileDeliveringIsRaceFree is the regression test
+// for patch 3 (PATCHES.md): push consumers shut down while messages keep
+// arriving, so that pull goroutines are handing a batch to their process
+// queue while Shutdown runs. Upstream closes the queue's message channel in
+// Shutdown while putMessage may still send on it: the race detector reports
+// the close against the send (soak 7, TESTING.md), and without -race the same
+// interleaving can panic with "send on closed channel", because the send
+// sits in a select whose other case (the queue's close channel) is closed
+// too. Sixteen consumers of an eight-queue topic are shut down at once in
+// each of ten rounds, each at a moment when it is receiving.
+func TestPushConsumerShutdownWhileDeliveringIsRaceFree(t *testing.T) {
+	t.Parallel()
+	s := testenv.Integration(t)
+	topic := testenv.Name(t, "topic")
+	testenv.CreateTopic(t, topic, 8)
+	p := testenv.Producer(t)
+
+	// A steady stream into the topic until the test ends.
+	stop := make(chan struct{})
+	var senders sync.WaitGroup
+	var sent atomic.Int64
+	for g := 0; g < 4; g++ {
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := p.SendSync(context.Background(), primitive.NewMessage(topic, []byte("x"))); err == nil {
+					sent.Add(1)
+				}
+			}
+		}()
+	}
+	defer func() { close(stop); senders.Wait() }()
+
+	const rounds, consumers = 10, 16
+	for r := 0; r < rounds; r++ {
+		cs := make([]rocketmq.PushConsumer, consumers)
+		got := make([]atomic.Int64, consumers)
+		for i := range cs {
+			group := fmt.Sprintf("%s-%d-%d", testenv.Name(t, "cg"), r, i)
+			c, err := rocketmq.NewPushConsumer(
+				consumer.WithGroupName(group),
+				consumer.WithInstance(group),
+				consumer.WithNsResolver(s.NameServerResolver()),
+				consumer.WithConsumeFromWhere(consumer.ConsumeFromLastOffset),
+				consumer.WithPullBatchSize(1),
+			)
+			require.NoError(t, err)
+			n := &got[i]
+			require.NoError(t, c.Subscribe(topic, consumer.MessageSelector{}, func(_ context.Context, ms ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+				n.Add(int64(len(ms)))
+				return consumer.ConsumeSuccess, nil
+			}))
+			require.NoError(t, c.Start())
+			cs[i] = c
+		}
+		// Every consumer is receiving: its pull goroutines are busy.
+		testenv.Eventually(t, 60*time.Second, "every consumer to receive 20 messages", func() bool {
+			for i := range got {
+				if got[i].Load() < 20 {
+					return false
+				}
+			}
+			return true
+		})
+		errs := make(chan error, consumers)
+		var wg sync.WaitGroup
+		for _, c := range cs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- c.Shutdown() }()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	require.Positive(t, sent.Load())
 }

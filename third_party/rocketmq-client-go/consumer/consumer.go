@@ -302,11 +302,12 @@ func (dc *defaultConsumer) shutdown() error {
 	dc.processQueueTable.Range(func(key, value interface{}) bool {
 		k := key.(primitive.MessageQueue)
 		pq := value.(*processQueue)
+		// WithDropped closes pq.closeChan, which every reader and writer of
+		// pq.msgCh selects on. msgCh itself is left open: putMessage sends
+		// on it after releasing pq.mutex, so closing it here raced with
+		// that send and could panic with "send on closed channel"
+		// (rmqtx patch 3).
 		pq.WithDropped(true)
-		// close msg channel using RWMutex to make sure no data was writing
-		pq.mutex.Lock()
-		close(pq.msgCh)
-		pq.mutex.Unlock()
 		mqs = append(mqs, &k)
 		return true
 	})

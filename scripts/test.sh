@@ -36,13 +36,18 @@ go_tests() {
   echo "== go test -race -tags failpoints ./..."
   local rc=0 suite summary
   mkdir -p "$(dirname "$LOG")"
-  for suite in faultsuite clustersuite; do rm -f "${TMPDIR:-/tmp}/rmqtx-$suite-summary.txt"; done
+  # The fault and cluster suites write their summaries to $TMPDIR. A TMPDIR
+  # inside this run's folder keeps two runs on one machine (a soak beside a
+  # developer's run) from reading or deleting each other's.
+  TMPDIR=$(mkdir -p "$(dirname "$LOG")/tmp" && cd "$(dirname "$LOG")/tmp" && pwd)
+  export TMPDIR
+  for suite in faultsuite clustersuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
   # shellcheck disable=SC2086
   "$GO" test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$LOG" || rc=$?
   # go test hides a passing package's output; the figures of the fault and
   # cluster suites (lost, ghosts, double effects) belong in every run's log.
   for suite in faultsuite clustersuite; do
-    summary=${TMPDIR:-/tmp}/rmqtx-$suite-summary.txt
+    summary=$TMPDIR/rmqtx-$suite-summary.txt
     if [[ -f $summary ]]; then
       echo "== $suite summary"
       cat "$summary"

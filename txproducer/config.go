@@ -67,8 +67,8 @@ type Config struct {
 	// SendRetries is how often the client retries a failed half send.
 	// Default 2. Set -1 for none.
 	SendRetries int
-	// LocalTxTimeout bounds the local transaction (BEGIN to COMMIT). Default
-	// 30 s. Keep it below FenceAge so checks rarely wait on a running one.
+	// LocalTxTimeout bounds the local transaction, from its BEGIN (which
+	// overlaps the half message's send) to its COMMIT. Default 30 s. Keep it below FenceAge so checks rarely wait on a running one.
 	LocalTxTimeout time.Duration
 	// CheckTimeout bounds one check answer and the producer's own short
 	// txlog statements. Default 3 s.
@@ -134,8 +134,9 @@ type Config struct {
 
 // TestHooks are seams for tests. They are never set in production.
 type TestHooks struct {
-	// BeforeLocalTx runs in the local-transaction callback, after the half
-	// message was stored and before BEGIN.
+	// BeforeLocalTx runs before the local transaction's BEGIN. BEGIN and
+	// the txlog INSERT overlap the half message's send, so the half may not
+	// be stored yet when it runs; the COMMIT waits for both.
 	BeforeLocalTx func(ctx context.Context, eventID string)
 }
 

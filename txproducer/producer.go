@@ -189,8 +189,13 @@ type call struct {
 	fn    LocalTxFunc
 	row   txlog.Row
 	props map[string]string // the envelope properties, stored with the row
-	half  string            // UNIQ_KEY of this Send's half message
+	half  string            // UNIQ_KEY of this Send's half message, set before it is sent
 	ran   bool
+
+	// txCtx bounds the local transaction (LocalTxTimeout); early is that
+	// transaction, begun while the half message is in flight.
+	txCtx context.Context
+	early *early
 	state State
 	dup   bool
 	err   error
@@ -257,6 +262,17 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 		res.State, res.Duplicate = c.state, c.dup
 		return res, c.err
 	}
+	// The half's UNIQ_KEY is chosen here, not by the client (which keeps a
+	// preset one), so the txlog row that names it can be written while the
+	// half is in flight.
+	c.half = primitive.CreateUniqID()
+	rm.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, c.half)
+	c.row.Properties = rowProperties(c.props, c.half)
+	txCtx, cancel := context.WithTimeout(ctx, p.cfg.LocalTxTimeout)
+	defer cancel()
+	c.txCtx = txCtx
+	c.early = p.begin(txCtx, c.row)
+	defer c.early.discard()
 	p.calls.Store(rm, c)
 	defer p.calls.Delete(rm)
 
@@ -336,40 +352,37 @@ func (p *Producer) existing(c *call, row txlog.Row) {
 	}
 }
 
-// runLocal is the local transaction: BEGIN; INSERT txlog row; fn; COMMIT.
-// It returns the answer for the broker, which is always backed by the txlog
+// runLocal finishes the local transaction once the half is stored: it takes
+// the early transaction (BEGIN; INSERT txlog row, begun while the half was
+// in flight), runs fn and COMMITs. It returns the answer for the broker, which is always backed by the txlog
 // (COMMIT: our row committed; ROLLBACK: a ROLLED_BACK row is persisted, or
 // the row is another half's; otherwise UNKNOWN and the check decides).
 func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionState {
 	failpoint.Inject(failpoint.AfterHalfMessage)
 	c.ran = true
-	c.half = half
-	c.row.Properties = rowProperties(c.props, half)
 	l := p.cfg.Logger.WithField("event_id", c.row.EventID)
-	if h := p.cfg.Test.BeforeLocalTx; h != nil {
-		h(c.ctx, c.row.EventID)
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, p.cfg.LocalTxTimeout)
-	defer cancel()
-	if err := ctx.Err(); err != nil {
-		c.err = fmt.Errorf("%w: %w", ErrDatabase, err)
+	if half != c.half {
+		// The client keeps a preset UNIQ_KEY, so this cannot happen; if it
+		// did, the row would name another half as the winner.
+		c.err = wrapf(ErrSend, "half message id changed in flight")
 		return p.rollback(c, l)
 	}
-	tx, err := p.db.BeginTxx(ctx, nil)
+	tx, err := c.early.take()
 	if err != nil {
-		c.err = fmt.Errorf("%w: begin: %w", ErrDatabase, err)
-		return p.rollback(c, l)
-	}
-	c.row.CreatedAt, c.row.ResolvedAt = time.Time{}, time.Time{}
-	if err := p.log.Insert(ctx, tx, c.row); err != nil {
-		_ = tx.Rollback()
 		if errors.Is(err, txlog.ErrDuplicate) {
 			return p.duplicate(c)
 		}
-		c.err = fmt.Errorf("%w: %w", ErrDatabase, err)
+		c.err = err
 		return p.rollback(c, l)
 	}
 	failpoint.Inject(failpoint.InsideLocalTx)
+	// fn gets c.ctx (which carries the local-transaction span when tracing
+	// is on), bounded like the transaction itself.
+	ctx, cancel := context.WithCancel(c.ctx)
+	if dl, ok := c.txCtx.Deadline(); ok {
+		ctx, cancel = context.WithDeadline(c.ctx, dl)
+	}
+	defer cancel()
 	if err := callFn(ctx, c.fn, tx); err != nil {
 		_ = tx.Rollback()
 		c.err = fmt.Errorf("%w: %w", ErrLocalTx, err)
@@ -381,6 +394,71 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	failpoint.Inject(failpoint.AfterLocalCommit)
 	c.state = StateCommitted
 	return primitive.CommitMessageState
+}
+
+// early is a Send's local transaction, begun while its half message is in
+// flight: BEGIN and the txlog INSERT overlap the half's round trip to the
+// broker instead of following it, so after the half is stored only the
+// caller's statements and the COMMIT remain. Nothing is visible before the
+// COMMIT, which still follows the half (I1): if the half fails, the
+// transaction is rolled back and no row ever existed. The row is inserted
+// first in the transaction, as before, so a check's fence and a second
+// Send of the id wait on its lock (I3).
+type early struct {
+	done chan struct{}
+	tx   *sqlx.Tx
+	err  error // wraps ErrDatabase, or is txlog.ErrDuplicate
+}
+
+// begin starts the early transaction for row. ctx bounds the transaction.
+func (p *Producer) begin(ctx context.Context, row txlog.Row) *early {
+	e := &early{done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		if h := p.cfg.Test.BeforeLocalTx; h != nil {
+			h(ctx, row.EventID)
+		}
+		if err := ctx.Err(); err != nil {
+			e.err = fmt.Errorf("%w: %w", ErrDatabase, err)
+			return
+		}
+		tx, err := p.db.BeginTxx(ctx, nil)
+		if err != nil {
+			e.err = fmt.Errorf("%w: begin: %w", ErrDatabase, err)
+			return
+		}
+		row.CreatedAt, row.ResolvedAt = time.Time{}, time.Time{}
+		if err := p.log.Insert(ctx, tx, row); err != nil {
+			_ = tx.Rollback()
+			e.err = err
+			if !errors.Is(err, txlog.ErrDuplicate) {
+				e.err = fmt.Errorf("%w: %w", ErrDatabase, err)
+			}
+			return
+		}
+		e.tx = tx
+	}()
+	return e
+}
+
+// take waits for the early transaction and hands it over: the caller
+// commits or rolls it back.
+func (e *early) take() (*sqlx.Tx, error) {
+	<-e.done
+	tx := e.tx
+	e.tx = nil
+	return tx, e.err
+}
+
+// discard waits for the early transaction and rolls it back unless take
+// handed it over (the half failed, or the client never ran the local
+// transaction).
+func (e *early) discard() {
+	<-e.done
+	if e.tx != nil {
+		_ = e.tx.Rollback()
+		e.tx = nil
+	}
 }
 
 // rowProperties is the JSON of the envelope properties plus the half's

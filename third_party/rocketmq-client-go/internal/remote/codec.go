@@ -150,23 +150,17 @@ func (command *RemotingCommand) WriteTo(w io.Writer) error {
 		return err
 	}
 
+	// The whole frame goes out in one Write (rmqtx patch 4). Upstream wrote
+	// the length, the header length, the header and the body separately:
+	// four write syscalls, and four TCP segments with TCP_NODELAY, per
+	// request.
 	frameSize := 4 + len(header) + len(command.Body)
-	err = binary.Write(w, binary.BigEndian, int32(frameSize))
-	if err != nil {
-		return err
-	}
-
-	err = binary.Write(w, binary.BigEndian, markProtocolType(int32(len(header))))
-	if err != nil {
-		return err
-	}
-
-	_, err = w.Write(header)
-	if err != nil {
-		return err
-	}
-
-	_, err = w.Write(command.Body)
+	frame := make([]byte, 4, 4+frameSize)
+	binary.BigEndian.PutUint32(frame, uint32(frameSize))
+	frame = append(frame, markProtocolType(int32(len(header)))...)
+	frame = append(frame, header...)
+	frame = append(frame, command.Body...)
+	_, err = w.Write(frame)
 	return err
 }
 

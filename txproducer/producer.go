@@ -354,16 +354,19 @@ func (p *Producer) existing(c *call, row txlog.Row) {
 
 // runLocal finishes the local transaction once the half is stored: it takes
 // the early transaction (BEGIN; INSERT txlog row, begun while the half was
-// in flight), runs fn and COMMITs. It returns the answer for the broker, which is always backed by the txlog
-// (COMMIT: our row committed; ROLLBACK: a ROLLED_BACK row is persisted, or
-// the row is another half's; otherwise UNKNOWN and the check decides).
+// in flight), runs fn and COMMITs. It returns the answer for the broker,
+// which is always backed by the txlog (COMMIT: our row committed; ROLLBACK:
+// a ROLLED_BACK row is persisted, or the row is another half's; otherwise
+// UNKNOWN and the check decides).
 func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionState {
 	failpoint.Inject(failpoint.AfterHalfMessage)
 	c.ran = true
 	l := p.cfg.Logger.WithField("event_id", c.row.EventID)
 	if half != c.half {
 		// The client keeps a preset UNIQ_KEY, so this cannot happen; if it
-		// did, the row would name another half as the winner.
+		// did, the row would name another half as the winner. The early
+		// row goes first: the fence below would wait on its lock.
+		c.early.discard()
 		c.err = wrapf(ErrSend, "half message id changed in flight")
 		return p.rollback(c, l)
 	}
@@ -377,11 +380,10 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	}
 	failpoint.Inject(failpoint.InsideLocalTx)
 	// fn gets c.ctx (which carries the local-transaction span when tracing
-	// is on), bounded like the transaction itself.
-	ctx, cancel := context.WithCancel(c.ctx)
-	if dl, ok := c.txCtx.Deadline(); ok {
-		ctx, cancel = context.WithDeadline(c.ctx, dl)
-	}
+	// is on), bounded like the transaction itself (txCtx always has a
+	// deadline: LocalTxTimeout).
+	dl, _ := c.txCtx.Deadline()
+	ctx, cancel := context.WithDeadline(c.ctx, dl)
 	defer cancel()
 	if err := callFn(ctx, c.fn, tx); err != nil {
 		_ = tx.Rollback()

@@ -626,7 +626,7 @@ func (b *bed) verify(t *testing.T, timeout time.Duration) {
 		t.Errorf("LOST %s: %s", id, why)
 	}
 	for id, why := range ghosts {
-		t.Errorf("GHOST %s: %s", id, why)
+		t.Errorf("GHOST %s: %s; first delivery: %s", id, why, testenv.Describe(b.coll.Message(id)))
 	}
 	require.Zero(t, sc.Lost, "lost")
 	require.Zero(t, sc.Ghosts, "ghosts")

@@ -593,7 +593,24 @@ func (b *bed) verify(t *testing.T, timeout time.Duration) {
 		t.Errorf("LOST %s: %s", id, why)
 	}
 	for id, why := range ghosts {
-		t.Errorf("GHOST %s: %s", id, why)
+		t.Errorf("GHOST %s: %s; first delivery: %s", id, why, testenv.Describe(b.coll.Message(id)))
+	}
+	if parked != b.parked {
+		type dl struct {
+			Topic   string `db:"topic"`
+			Queue   int    `db:"queue_id"`
+			Offset  int64  `db:"queue_offset"`
+			MsgID   string `db:"msg_id"`
+			EventID string `db:"event_id"`
+			Class   string `db:"error_class"`
+			Text    string `db:"error_text"`
+		}
+		var rows []dl
+		if err := b.db.SelectContext(ctx, &rows, "SELECT topic, queue_id, queue_offset, msg_id, event_id, error_class, error_text FROM rmqtx_dead_letter ORDER BY id"); err == nil {
+			for _, r := range rows {
+				t.Logf("dead letter: topic=%s queue=%d offset=%d msgId=%s event=%q class=%s: %s", r.Topic, r.Queue, r.Offset, r.MsgID, r.EventID, r.Class, r.Text)
+			}
+		}
 	}
 	require.Zero(t, sc.Lost, "lost")
 	require.Zero(t, sc.Ghosts, "ghosts")

@@ -19,6 +19,9 @@
 //     Both assert that every Send error is one of txproducer's typed errors
 //     (ErrSend, ErrDatabase, ErrCommitUnknown, ...), that the outage surfaced
 //     such errors, and that Sends commit again afterwards.
+//   - TestTornRecordIsDropped: a commit-log record cut short, as a kill -9
+//     in the middle of its copy leaves it, is truncated by the broker's
+//     recovery instead of being served (the record CRC in broker.conf).
 //   - TestCrashMatrix: subprocesses are killed with SIGKILL at every failpoint
 //     window (producer: after the half message, inside the local transaction,
 //     after the local commit, after END_TRANSACTION; outbox: after a claim,

@@ -145,6 +145,18 @@ EOF
     local port name store
     port=$(broker_port "$svc") name=$(broker_name "$svc") store=$(broker_dir "$svc")/store
     mkdir -p "$store"
+    # A store written before the record CRC was on has records without it,
+    # which forceVerifyPropCRC would truncate away: such a store keeps the
+    # body-only check. A new store is marked and verified in full.
+    local verify=true
+    if [[ ! -e $store/.rmqtx-propcrc ]]; then
+      if [[ -n $(ls -A "$store/commitlog" 2>/dev/null) ]]; then
+        verify=false
+        log "note: $(broker_name "$svc")'s store predates the record CRC; recovery checks message bodies only (remove $store for full checks)"
+      else
+        touch "$store/.rmqtx-propcrc"
+      fi
+    fi
     sed -e "s#^brokerName=.*#brokerName=$name#" \
         -e "s#^listenPort=.*#listenPort=$port#" \
         -e "s#^namesrvAddr=.*#namesrvAddr=127.0.0.1:$NAMESRV_PORT#" \
@@ -154,6 +166,7 @@ EOF
         -e "s#^transactionTimeOut=.*#transactionTimeOut=$TX_TIMEOUT_MS#" \
         -e "s#^transactionCheckInterval=.*#transactionCheckInterval=$TX_CHECK_INTERVAL_MS#" \
         -e "s#^transactionCheckMax=.*#transactionCheckMax=$TX_CHECK_MAX#" \
+        -e "s#^forceVerifyPropCRC=.*#forceVerifyPropCRC=$verify#" \
         "$ROOT/scripts/rocketmq/broker.conf" >"$RMQ_DIR/$svc.conf"
   done
 }

@@ -2,6 +2,9 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,4 +146,44 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Describe renders a delivered message for a failure report: where the
+// broker stored it, its size and its property keys, with the values of the
+// broker's and client's own properties only (never the body or user
+// properties, which may carry payload data).
+func Describe(m *primitive.MessageExt) string {
+	if m == nil {
+		return "<nil>"
+	}
+	props := m.GetProperties()
+	keys := make([]string, 0, len(props))
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	fmt.Fprintf(&b, "topic=%s queue=%d offset=%d msgId=%s offsetMsgId=%s store=%s born=%s stored=%s reconsume=%d flag=%d sysFlag=%d body=%dB props[",
+		m.Topic, m.Queue.QueueId, m.QueueOffset, m.MsgId, m.OffsetMsgId, m.StoreHost, m.BornHost,
+		time.UnixMilli(m.StoreTimestamp).UTC().Format("15:04:05.000"), m.ReconsumeTimes, m.Flag, m.SysFlag, len(m.Body))
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(k)
+		if isSystemProperty(k) {
+			b.WriteString("=" + props[k])
+		}
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+// isSystemProperty reports whether k is one of RocketMQ's own property keys
+// (upper-case, no RMQTX prefix), whose values carry no user data.
+func isSystemProperty(k string) bool {
+	if strings.HasPrefix(k, "RMQTX") {
+		return k == envelope.PropEventID
+	}
+	return strings.ToUpper(k) == k
 }

@@ -1,0 +1,138 @@
+//go:build failpoints
+
+package faultsuite
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/testenv"
+)
+
+// commitLogFileSize is mappedFileSizeCommitLog in scripts/rocketmq/broker.conf.
+const commitLogFileSize = 64 << 20
+
+// tornTail is how many bytes at the end of the torn record are zeroed: more
+// than the broker's CRC property (20 bytes), well short of the body.
+const tornTail = 40
+
+// TestTornRecordIsDropped reproduces what a SIGKILL can leave in the broker's
+// commit log: a record whose first bytes (length, magic, body and its CRC)
+// were copied into the mapped file and whose last bytes (the end of the
+// properties) were not. The broker's default recovery checks the body's CRC
+// only, so it keeps such a record and consumers receive a message whose
+// properties are cut short: no rmqtx event id, a message rmqtx never sent.
+// The test bed's broker appends a CRC of the whole record and verifies it on
+// recovery (enabledAppendPropCRC, forceVerifyPropCRC in broker.conf), so the
+// torn record is truncated away. The tear is written into the store file
+// while the broker is down, then the broker recovers as after any kill -9.
+func TestTornRecordIsDropped(t *testing.T) {
+	testenv.Integration(t)
+	require.NotNil(t, private, "this test needs the suite's private services (started by TestMain)")
+	t.Cleanup(func() { _, _ = private.run("up", "broker") })
+	topic := testenv.Name(t, "topic")
+	testenv.CreateTopic(t, topic, 1)
+	ctx := context.Background()
+
+	send := func(p interface {
+		SendSync(context.Context, ...*primitive.Message) (*primitive.SendResult, error)
+	}, id string) *primitive.SendResult {
+		t.Helper()
+		m := primitive.NewMessage(topic, []byte(`{"order":"`+id+`"}`))
+		m.WithProperty(envelope.PropEventID, id)
+		m.WithProperty(envelope.PropEventType, eventType)
+		m.WithProperty("suite", "faultsuite torn record")
+		var res *primitive.SendResult
+		testenv.Eventually(t, 60*time.Second, "a stored send of "+id, func() bool {
+			r, err := p.SendSync(ctx, m)
+			if err == nil && r.Status == primitive.SendOK {
+				res = r
+				return true
+			}
+			return false
+		})
+		return res
+	}
+	before, torn := envelope.NewEventID(), envelope.NewEventID()
+	p := testenv.Producer(t)
+	send(p, before)
+	res := send(p, torn)
+	off, err := physicalOffset(res.OffsetMsgID)
+	require.NoError(t, err)
+
+	mustService(t, "kill9", "broker")
+	file := filepath.Join(private.runDir, "rocketmq", "store", "commitlog", fmt.Sprintf("%020d", off/commitLogFileSize*commitLogFileSize))
+	f, err := os.OpenFile(file, os.O_RDWR, 0)
+	require.NoError(t, err)
+	var size [4]byte
+	_, err = f.ReadAt(size[:], off%commitLogFileSize)
+	require.NoError(t, err)
+	total := int64(binary.BigEndian.Uint32(size[:]))
+	require.Greater(t, total, int64(3*tornTail), "the stored record of the torn message (%d bytes at %d)", total, off)
+	_, err = f.WriteAt(make([]byte, tornTail), off%commitLogFileSize+total-tornTail)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	mustComeBack(t, "broker")
+
+	// Read the queue back from offset 0 with a pull consumer: exactly what
+	// the broker serves after recovery, in order.
+	pc, err := rocketmq.NewPullConsumer(
+		consumer.WithGroupName(testenv.Name(t, "pull")),
+		consumer.WithNsResolver(testenv.Integration(t).NameServerResolver()),
+	)
+	require.NoError(t, err)
+	require.NoError(t, pc.Subscribe(topic, consumer.MessageSelector{}))
+	require.NoError(t, pc.Start())
+	t.Cleanup(func() { _ = pc.Shutdown() })
+	var mqs []*primitive.MessageQueue
+	testenv.Eventually(t, 60*time.Second, "the topic's route after the restart", func() bool {
+		mqs, err = pc.GetTopicRouteInfo(topic)
+		return err == nil && len(mqs) == 1
+	})
+	var got []*primitive.MessageExt
+	testenv.Eventually(t, 60*time.Second, "a pull of the recovered queue", func() bool {
+		r, err := pc.PullFrom(ctx, mqs[0], 0, 32)
+		if err != nil || r.Status != primitive.PullFound {
+			return false
+		}
+		got = r.GetMessageExts()
+		return true
+	})
+	var ids []string
+	for _, m := range got {
+		t.Logf("queue offset %d: %s", m.QueueOffset, testenv.Describe(m))
+		ids = append(ids, m.GetProperty(envelope.PropEventID))
+	}
+	require.Equal(t, []string{before}, ids, "after recovery the queue holds the intact record only; the torn one (%d bytes at %d) was truncated away", total, off)
+
+	// The next send takes the torn record's slot.
+	res2 := send(testenv.Producer(t), envelope.NewEventID())
+	require.Equal(t, int64(1), res2.QueueOffset, "the torn record's queue slot is reused")
+}
+
+// physicalOffset reads the commit log offset out of an offset message id:
+// the store host's IPv4 address and port, then the offset (8 bytes).
+func physicalOffset(offsetMsgID string) (int64, error) {
+	b, err := hex.DecodeString(offsetMsgID)
+	if err != nil || len(b) != 16 {
+		return 0, fmt.Errorf("offset message id %q: not an IPv4 offset id", offsetMsgID)
+	}
+	v := binary.BigEndian.Uint64(b[8:])
+	if v > 1<<62 {
+		return 0, fmt.Errorf("offset message id %q: offset %s out of range", offsetMsgID, strconv.FormatUint(v, 10))
+	}
+	return int64(v), nil
+}

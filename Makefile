@@ -35,7 +35,7 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) vet -tags failpoints $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags failpoints $(PKGS)
 
-fuzz: ## run every fuzz target briefly (FUZZTIME=10s)
+fuzz: ## run every fuzz target briefly (FUZZTIME=30000x inputs each)
 	@bash scripts/fuzz.sh
 
 bench: ## raw client vs rmqtx, side by side, with ratios

@@ -62,7 +62,7 @@ inner() {
   local rc=0
   go_tests || rc=$?
   if [[ $rc == 0 ]]; then
-    echo "== fuzz targets (${FUZZTIME:-10s} each)"
+    echo "== fuzz targets (${FUZZTIME:-30000x} each)"
     bash scripts/fuzz.sh || rc=$?
   fi
   if [[ $rc == 0 ]]; then echo "== PASS: every test and fuzz target"; else echo "== FAIL (exit $rc); see $LOG"; fi

@@ -13,17 +13,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
 // commitLogFileSize is mappedFileSizeCommitLog in scripts/rocketmq/broker.conf.
 const commitLogFileSize = 64 << 20
+
+// PULL_MESSAGE and its "the request carries the subscription" flag.
+const (
+	reqPullMessage       = 11
+	pullFlagSubscription = 0x4
+)
 
 // tornTail is how many bytes at the end of the torn record are zeroed: more
 // than the broker's CRC property (20 bytes), well short of the body.
@@ -87,28 +92,22 @@ func TestTornRecordIsDropped(t *testing.T) {
 	require.NoError(t, f.Close())
 	mustComeBack(t, "broker")
 
-	// Read the queue back from offset 0 with a pull consumer: exactly what
-	// the broker serves after recovery, in order.
-	pc, err := rocketmq.NewPullConsumer(
-		consumer.WithGroupName(testenv.Name(t, "pull")),
-		consumer.WithNsResolver(testenv.Integration(t).NameServerResolver()),
-	)
-	require.NoError(t, err)
-	require.NoError(t, pc.Subscribe(topic, consumer.MessageSelector{}))
-	require.NoError(t, pc.Start())
-	t.Cleanup(func() { _ = pc.Shutdown() })
-	var mqs []*primitive.MessageQueue
-	testenv.Eventually(t, 60*time.Second, "the topic's route after the restart", func() bool {
-		mqs, err = pc.GetTopicRouteInfo(topic)
-		return err == nil && len(mqs) == 1
-	})
+	// Read the queue back from offset 0 with one raw PULL_MESSAGE request:
+	// exactly what the broker serves after recovery, in order. (Not the
+	// client's pull consumer, whose PullFrom races with its own rebalance.)
+	broker := testenv.Integration(t).Broker
 	var got []*primitive.MessageExt
 	testenv.Eventually(t, 60*time.Second, "a pull of the recovered queue", func() bool {
-		r, err := pc.PullFrom(ctx, mqs[0], 0, 32)
-		if err != nil || r.Status != primitive.PullFound {
+		h, body, err := remoting.RoundTrip(ctx, broker, 5*time.Second, reqPullMessage, map[string]string{
+			"consumerGroup": testenv.Name(t, "pull"), "topic": topic, "queueId": "0", "queueOffset": "0",
+			"maxMsgNums": "32", "sysFlag": strconv.Itoa(pullFlagSubscription), "commitOffset": "0",
+			"suspendTimeoutMillis": "0", "subscription": "*", "subVersion": strconv.FormatInt(time.Now().UnixMilli(), 10),
+			"expressionType": "TAG",
+		})
+		if err != nil || h.Code != remoting.ResSuccess {
 			return false
 		}
-		got = r.GetMessageExts()
+		got = primitive.DecodeMessage(body)
 		return true
 	})
 	var ids []string

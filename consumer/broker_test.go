@@ -170,9 +170,12 @@ func TestDuplicateStorm(t *testing.T) {
 	// as one more dedup hit, so the copies can add up while one event's
 	// first apply is still being retried (a lost deadlock, say). A lost
 	// event never reaches the effect count and fails here with the figures.
+	// The Applied count is waited for too: a processor counts an apply just
+	// after its COMMIT returns, so the last effect can be visible in the
+	// table a moment before its count.
 	testenv.Eventually(t, 90*time.Second, "every copy consumed and every event applied", func() bool {
 		s := sumStats(c1, c2)
-		return s.Applied+s.Duplicates >= total && effects(t, db) >= events
+		return s.Applied+s.Duplicates >= total && s.Applied >= events && effects(t, db) >= events
 	})
 	s := sumStats(c1, c2)
 	require.Equal(t, events, effects(t, db), "exactly one business effect per event")
@@ -315,8 +318,9 @@ func TestOutOfOrderStrict(t *testing.T) {
 	for a := range aggs {
 		pb.send(topic, aggEv(envelope.NewEventID(), fmt.Sprintf("box-%d", a), 1), []byte("v1"))
 	}
-	testenv.Eventually(t, 90*time.Second, "all versions applied once the gap closed", func() bool {
-		return countRows(t, db, "SELECT COUNT(*) FROM box WHERE version = ?", versions) == aggs
+	testenv.Eventually(t, 90*time.Second, "all versions applied (and counted) once the gap closed", func() bool {
+		return countRows(t, db, "SELECT COUNT(*) FROM box WHERE version = ?", versions) == aggs &&
+			c.Processor().Stats().Applied >= aggs*versions
 	})
 	s := c.Processor().Stats()
 	require.EqualValues(t, aggs*versions, s.Applied)
@@ -410,7 +414,9 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 			require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE event_id = ?", target), "no dedup row left behind")
 			require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE event_id = ?", target), "no effect left behind")
 			close(release)
-			testenv.Eventually(t, 60*time.Second, "all ten applied", func() bool { return effects(t, db) == 10 })
+			testenv.Eventually(t, 60*time.Second, "all ten applied and counted", func() bool {
+				return effects(t, db) == 10 && c.Processor().Stats().Applied >= 10
+			})
 			require.Equal(t, 2, runs.get(target), "redelivered once, then succeeded")
 			require.EqualValues(t, 1, redelivery.Load(), "the redelivery says it is the first retry")
 			for _, id := range ids {

@@ -179,11 +179,29 @@ func Describe(m *primitive.MessageExt) string {
 	return b.String()
 }
 
-// isSystemProperty reports whether k is one of RocketMQ's own property keys
-// (upper-case, no RMQTX prefix), whose values carry no user data.
-func isSystemProperty(k string) bool {
-	if strings.HasPrefix(k, "RMQTX") {
-		return k == envelope.PropEventID
-	}
-	return strings.ToUpper(k) == k
+// isSystemProperty reports whether k is one of the broker's and client's
+// own properties whose values carry no user data (not KEYS, which holds
+// business keys), or the rmqtx event id.
+func isSystemProperty(k string) bool { return describedProps[k] }
+
+var describedProps = map[string]bool{
+	envelope.PropEventID:                             true,
+	primitive.PropertyUniqueClientMessageIdKeyIndex:  true,
+	primitive.PropertyTags:                           true,
+	primitive.PropertyRealTopic:                      true,
+	primitive.PropertyRealQueueId:                    true,
+	primitive.PropertyTransactionPrepared:            true,
+	primitive.PropertyProducerGroup:                  true,
+	primitive.PropertyDelayTimeLevel:                 true,
+	primitive.PropertyRetryTopic:                     true,
+	primitive.PropertyOriginMessageId:                true,
+	primitive.PropertyReconsumeTime:                  true,
+	primitive.PropertyMinOffset:                      true,
+	primitive.PropertyMaxOffset:                      true,
+	primitive.PropertyCluster:                        true,
+	primitive.PropertyMsgRegion:                      true,
+	primitive.PropertyTraceSwitch:                    true,
+	primitive.PropertyConsumeStartTime:               true,
+	primitive.PropertyTranscationPreparedQueueOffset: true,
+	"__CRC32#": true,
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/stretchr/testify/require"
 
@@ -45,16 +46,14 @@ const tornTail = 40
 // torn record is truncated away. The tear is written into the store file
 // while the broker is down, then the broker recovers as after any kill -9.
 func TestTornRecordIsDropped(t *testing.T) {
-	testenv.Integration(t)
+	env := testenv.Integration(t)
 	require.NotNil(t, private, "this test needs the suite's private services (started by TestMain)")
 	t.Cleanup(func() { _, _ = private.run("up", "broker") })
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 1)
 	ctx := context.Background()
 
-	send := func(p interface {
-		SendSync(context.Context, ...*primitive.Message) (*primitive.SendResult, error)
-	}, id string) *primitive.SendResult {
+	send := func(p rocketmq.Producer, id string) *primitive.SendResult {
 		t.Helper()
 		m := primitive.NewMessage(topic, []byte(`{"order":"`+id+`"}`))
 		m.WithProperty(envelope.PropEventID, id)
@@ -95,10 +94,9 @@ func TestTornRecordIsDropped(t *testing.T) {
 	// Read the queue back from offset 0 with one raw PULL_MESSAGE request:
 	// exactly what the broker serves after recovery, in order. (Not the
 	// client's pull consumer, whose PullFrom races with its own rebalance.)
-	broker := testenv.Integration(t).Broker
 	var got []*primitive.MessageExt
 	testenv.Eventually(t, 60*time.Second, "a pull of the recovered queue", func() bool {
-		h, body, err := remoting.RoundTrip(ctx, broker, 5*time.Second, reqPullMessage, map[string]string{
+		h, body, err := remoting.RoundTrip(ctx, env.Broker, 5*time.Second, reqPullMessage, map[string]string{
 			"consumerGroup": testenv.Name(t, "pull"), "topic": topic, "queueId": "0", "queueOffset": "0",
 			"maxMsgNums": "32", "sysFlag": strconv.Itoa(pullFlagSubscription), "commitOffset": "0",
 			"suspendTimeoutMillis": "0", "subscription": "*", "subVersion": strconv.FormatInt(time.Now().UnixMilli(), 10),
@@ -131,7 +129,7 @@ func physicalOffset(offsetMsgID string) (int64, error) {
 	}
 	v := binary.BigEndian.Uint64(b[8:])
 	if v > 1<<62 {
-		return 0, fmt.Errorf("offset message id %q: offset %s out of range", offsetMsgID, strconv.FormatUint(v, 10))
+		return 0, fmt.Errorf("offset message id %q: offset %d out of range", offsetMsgID, v)
 	}
 	return int64(v), nil
 }

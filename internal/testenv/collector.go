@@ -171,7 +171,7 @@ func Describe(m *primitive.MessageExt) string {
 			b.WriteByte(' ')
 		}
 		b.WriteString(k)
-		if isSystemProperty(k) {
+		if describedProps[k] {
 			b.WriteString("=" + props[k])
 		}
 	}
@@ -179,11 +179,9 @@ func Describe(m *primitive.MessageExt) string {
 	return b.String()
 }
 
-// isSystemProperty reports whether k is one of the broker's and client's
-// own properties whose values carry no user data (not KEYS, which holds
-// business keys), or the rmqtx event id.
-func isSystemProperty(k string) bool { return describedProps[k] }
-
+// describedProps are the properties whose values Describe prints: the
+// broker's and client's own, which carry no user data (not KEYS, which holds
+// business keys), and the rmqtx event id.
 var describedProps = map[string]bool{
 	envelope.PropEventID:                             true,
 	primitive.PropertyUniqueClientMessageIdKeyIndex:  true,

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/internal/retire"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/outbox"
@@ -169,50 +170,62 @@ func (c Config) validate() error {
 	return nil
 }
 
-// rule is one "terminal and old" predicate on a table.
+// rule is one kind of terminal row of a table, as its owner defines it:
+// the owner counts and removes them (the in-flight states are never among
+// them: I9); this package only applies the retention.
 type rule struct {
 	name      string // for reports: "SENT", "DEAD", ...
-	where     string // with one ? for the cutoff per occurrence (cutoffArgs)
-	cutoffs   int    // how many times the cutoff is bound
-	orderBy   string
 	retention func(Config) time.Duration
+	count     func(ctx context.Context, o owners, cutoff time.Time) (int64, error)
+	batch     func(ctx context.Context, o owners, cutoff time.Time, limit int, moveTo string) (removed, moved int64, more bool, err error)
 }
 
-type spec struct {
-	pk    []string
-	rules []rule
+// owners are the table owners under the configured prefix.
+type owners struct {
+	db       *sqlx.DB
+	txlog    *txlog.Store
+	outbox   outbox.Table
+	consumer consumer.TableNames
 }
 
-// specs say which rows are terminal, in the owners' column names and states
-// (the in-flight states, never listed here, are never removed: I9).
-var specs = map[Table]spec{
-	Txlog: {pk: []string{txlog.ColEventID}, rules: []rule{{
-		name:  string(txlog.StateCommitted) + "/" + string(txlog.StateRolledBack),
-		where: in(txlog.ColState, string(txlog.StateCommitted), string(txlog.StateRolledBack)) + " AND " + txlog.ColResolvedAt + " < ?", cutoffs: 1,
-		orderBy: txlog.ColResolvedAt, retention: func(c Config) time.Duration { return c.TxlogRetention }}}},
-	Outbox: {pk: []string{outbox.ColEventID}, rules: []rule{
-		{name: string(outbox.StatusSent), where: in(outbox.ColStatus, string(outbox.StatusSent)) + " AND " + outbox.ColUpdatedAt + " < ?", cutoffs: 1,
-			orderBy: outbox.ColUpdatedAt, retention: func(c Config) time.Duration { return c.OutboxRetention }},
-		{name: string(outbox.StatusDead), where: in(outbox.ColStatus, string(outbox.StatusDead)) + " AND " + outbox.ColUpdatedAt + " < ?", cutoffs: 1,
-			orderBy: outbox.ColUpdatedAt, retention: func(c Config) time.Duration { return c.OutboxDeadRetention }},
-	}},
-	ConsumeLog: {pk: []string{consumer.ColConsumerGroup, consumer.ColEventID}, rules: []rule{{
-		name:  consumer.StatusApplied + "/" + consumer.StatusStale,
-		where: in(consumer.ColStatus, consumer.StatusApplied, consumer.StatusStale) + " AND " + consumer.ColUpdatedAt + " < ?", cutoffs: 1,
-		orderBy: consumer.ColUpdatedAt, retention: func(c Config) time.Duration { return c.ConsumeLogRetention }}}},
-	DeadLetter: {pk: []string{consumer.ColID}, rules: []rule{{
-		name: consumer.DeadLetterReplayed + "/" + consumer.DeadLetterDiscarded,
-		where: in(consumer.ColStatus, consumer.DeadLetterReplayed, consumer.DeadLetterDiscarded) +
-			" AND COALESCE(" + consumer.ColResolvedAt + ", " + consumer.ColReplayedAt + ", " + consumer.ColLastSeenAt + ") < ? AND " +
-			consumer.ColLastSeenAt + " < ?",
-		cutoffs: 2, orderBy: consumer.ColID,
-		retention: func(c Config) time.Duration { return c.DeadLetterRetention }}}},
+func outboxRule(st outbox.Status, ret func(Config) time.Duration) rule {
+	return rule{name: string(st), retention: ret,
+		count: func(ctx context.Context, o owners, cutoff time.Time) (int64, error) {
+			return o.outbox.CountRetirable(ctx, o.db, st, cutoff)
+		},
+		batch: func(ctx context.Context, o owners, cutoff time.Time, limit int, moveTo string) (int64, int64, bool, error) {
+			return o.outbox.RetireBatch(ctx, o.db, st, cutoff, limit, moveTo)
+		}}
 }
 
-// in renders "col IN ('A', 'B')" for the owners' state constants (never
-// user input: values from outside are always bound).
-func in(col string, states ...string) string {
-	return col + " IN ('" + strings.Join(states, "', '") + "')"
+func consumerRule(name string, which consumer.Retirable, ret func(Config) time.Duration) rule {
+	return rule{name: name, retention: ret,
+		count: func(ctx context.Context, o owners, cutoff time.Time) (int64, error) {
+			return o.consumer.CountRetirable(ctx, o.db, which, cutoff)
+		},
+		batch: func(ctx context.Context, o owners, cutoff time.Time, limit int, moveTo string) (int64, int64, bool, error) {
+			return o.consumer.RetireBatch(ctx, o.db, which, cutoff, limit, moveTo)
+		}}
+}
+
+// specs map each archivable table to its rules.
+var specs = map[Table][]rule{
+	Txlog: {{name: string(txlog.StateCommitted) + "/" + string(txlog.StateRolledBack),
+		retention: func(c Config) time.Duration { return c.TxlogRetention },
+		count: func(ctx context.Context, o owners, cutoff time.Time) (int64, error) {
+			return o.txlog.CountRetirable(ctx, cutoff)
+		},
+		batch: func(ctx context.Context, o owners, cutoff time.Time, limit int, moveTo string) (int64, int64, bool, error) {
+			return o.txlog.RetireBatch(ctx, cutoff, limit, moveTo)
+		}}},
+	Outbox: {
+		outboxRule(outbox.StatusSent, func(c Config) time.Duration { return c.OutboxRetention }),
+		outboxRule(outbox.StatusDead, func(c Config) time.Duration { return c.OutboxDeadRetention }),
+	},
+	ConsumeLog: {consumerRule(consumer.StatusApplied+"/"+consumer.StatusStale, consumer.RetireConsumeLog,
+		func(c Config) time.Duration { return c.ConsumeLogRetention })},
+	DeadLetter: {consumerRule(consumer.DeadLetterReplayed+"/"+consumer.DeadLetterDiscarded, consumer.RetireDeadLetters,
+		func(c Config) time.Duration { return c.DeadLetterRetention })},
 }
 
 // RuleReport is what happened (or would happen) under one rule.
@@ -247,6 +260,8 @@ func (r Report) Removed() int64 {
 // Archiver removes terminal rows past retention.
 type Archiver struct {
 	cfg Config
+	d   dialect.Dialect
+	o   owners
 }
 
 // New validates cfg (after WithDefaults).
@@ -255,7 +270,21 @@ func New(cfg Config) (*Archiver, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Archiver{cfg: cfg}, nil
+	d, err := dialect.For(cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	o := owners{db: cfg.DB}
+	if o.txlog, err = txlog.New(cfg.DB, cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if o.outbox, err = outbox.NewTable(cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if o.consumer, err = consumer.Tables(cfg.TablePrefix); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return &Archiver{cfg: cfg, d: d, o: o}, nil
 }
 
 // Config returns the configuration with defaults applied.
@@ -272,25 +301,24 @@ func (a *Archiver) do(ctx context.Context, dry bool) (Report, error) {
 	rep := Report{DryRun: dry, Move: a.cfg.Move}
 	now := a.cfg.Now().UTC()
 	for _, t := range a.cfg.Tables {
-		sp := specs[t]
 		name := a.cfg.TablePrefix + string(t)
-		exists, err := a.tableExists(ctx, name)
+		exists, err := retire.Exists(ctx, a.cfg.DB, a.d, name)
 		if err != nil {
-			return rep, err
+			return rep, fmt.Errorf("archive: %w", err)
 		}
-		for _, ru := range sp.rules {
+		for _, ru := range specs[t] {
 			ret := ru.retention(a.cfg)
 			rr := RuleReport{Table: name, Rule: ru.name, Retention: ret, Cutoff: now.Add(-ret), Missing: !exists}
 			if !exists {
 				rep.Rules = append(rep.Rules, rr)
 				continue
 			}
-			if err := a.cfg.DB.GetContext(ctx, &rr.Eligible, "SELECT COUNT(*) FROM "+name+" WHERE "+ru.where, cutoffArgs(ru, rr.Cutoff)...); err != nil {
+			if rr.Eligible, err = ru.count(ctx, a.o, rr.Cutoff); err != nil {
 				rep.Rules = append(rep.Rules, rr)
 				return rep, fmt.Errorf("archive: count %s: %w", name, err)
 			}
 			if !dry && rr.Eligible > 0 {
-				err = a.runRule(ctx, name, sp, ru, &rr)
+				err = a.runRule(ctx, name, ru, &rr)
 			}
 			rep.Rules = append(rep.Rules, rr)
 			a.cfg.Logger.WithFields(logrus.Fields{"table": name, "rule": ru.name, "eligible": rr.Eligible, "removed": rr.Removed, "dry_run": dry}).
@@ -303,126 +331,27 @@ func (a *Archiver) do(ctx context.Context, dry bool) (Report, error) {
 	return rep, nil
 }
 
-func cutoffArgs(ru rule, cutoff time.Time) []any {
-	args := make([]any, ru.cutoffs)
-	for i := range args {
-		args[i] = cutoff
-	}
-	return args
-}
-
-func (a *Archiver) tableExists(ctx context.Context, name string) (bool, error) {
-	var n int
-	err := a.cfg.DB.GetContext(ctx, &n, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", name)
-	if err != nil {
-		return false, fmt.Errorf("archive: look up table %s: %w", name, err)
-	}
-	return n > 0, nil
-}
-
-func (a *Archiver) runRule(ctx context.Context, name string, sp spec, ru rule, rr *RuleReport) error {
-	archive := name + "_archive"
+func (a *Archiver) runRule(ctx context.Context, name string, ru rule, rr *RuleReport) error {
+	moveTo := ""
 	if a.cfg.Move {
-		if _, err := a.cfg.DB.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+archive+" LIKE "+name); err != nil {
-			return fmt.Errorf("archive: create %s: %w", archive, err)
-		}
+		moveTo = name + "_archive"
 	}
-	pkCols := strings.Join(sp.pk, ", ")
-	selectPK := "SELECT " + pkCols + " FROM " + name + " WHERE " + ru.where + " ORDER BY " + ru.orderBy + " LIMIT ?"
 	for a.cfg.MaxBatches == 0 || rr.Batches < a.cfg.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("archive: %s: %w", name, err)
 		}
-		rows, err := a.cfg.DB.QueryxContext(ctx, selectPK, append(cutoffArgs(ru, rr.Cutoff), a.cfg.Batch)...)
-		if err != nil {
-			return fmt.Errorf("archive: select %s: %w", name, err)
+		removed, moved, more, err := ru.batch(ctx, a.o, rr.Cutoff, a.cfg.Batch, moveTo)
+		if removed > 0 || moved > 0 || more || err != nil {
+			rr.Batches++
 		}
-		keys, err := scanKeys(rows)
-		if err != nil {
-			return fmt.Errorf("archive: select %s: %w", name, err)
-		}
-		if len(keys) == 0 {
-			return nil
-		}
-		moved, removed, err := a.batch(ctx, name, archive, sp, ru, rr.Cutoff, keys)
-		rr.Batches++
 		rr.Moved += moved
 		rr.Removed += removed
 		if err != nil {
-			return err
+			return fmt.Errorf("archive: %s: %w", name, err)
 		}
-		if len(keys) < a.cfg.Batch {
+		if !more {
 			return nil
 		}
 	}
 	return nil
-}
-
-// batch locks the keyed rows that STILL match the rule, copies them when
-// moving, and deletes exactly them, in one transaction.
-func (a *Archiver) batch(ctx context.Context, name, archive string, sp spec, ru rule, cutoff time.Time, keys [][]any) (moved, removed int64, err error) {
-	tuple := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(sp.pk)), ", ") + ")"
-	in := "(" + strings.Join(sp.pk, ", ") + ") IN (" + strings.TrimSuffix(strings.Repeat(tuple+", ", len(keys)), ", ") + ")"
-	var keyArgs []any
-	for _, k := range keys {
-		keyArgs = append(keyArgs, k...)
-	}
-	tx, err := a.cfg.DB.BeginTxx(ctx, nil)
-	if err != nil {
-		return 0, 0, fmt.Errorf("archive: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	where := in + " AND " + ru.where
-	args := append(append([]any{}, keyArgs...), cutoffArgs(ru, cutoff)...)
-	rows, err := tx.QueryxContext(ctx, "SELECT "+strings.Join(sp.pk, ", ")+" FROM "+name+" WHERE "+where+" FOR UPDATE", args...)
-	if err != nil {
-		return 0, 0, fmt.Errorf("archive: lock %s: %w", name, err)
-	}
-	locked, err := scanKeys(rows)
-	if err != nil {
-		return 0, 0, fmt.Errorf("archive: lock %s: %w", name, err)
-	}
-	if len(locked) == 0 {
-		return 0, 0, tx.Commit()
-	}
-	lockedIn := "(" + strings.Join(sp.pk, ", ") + ") IN (" + strings.TrimSuffix(strings.Repeat(tuple+", ", len(locked)), ", ") + ")"
-	var lockedArgs []any
-	for _, k := range locked {
-		lockedArgs = append(lockedArgs, k...)
-	}
-	if a.cfg.Move {
-		if _, err := tx.ExecContext(ctx, "REPLACE INTO "+archive+" SELECT * FROM "+name+" WHERE "+lockedIn, lockedArgs...); err != nil {
-			return 0, 0, fmt.Errorf("archive: copy to %s: %w", archive, err)
-		}
-		moved = int64(len(locked))
-	}
-	res, err := tx.ExecContext(ctx, "DELETE FROM "+name+" WHERE "+lockedIn, lockedArgs...)
-	if err != nil {
-		return 0, 0, fmt.Errorf("archive: delete %s: %w", name, err)
-	}
-	removed, _ = res.RowsAffected()
-	if err := tx.Commit(); err != nil {
-		return 0, 0, fmt.Errorf("archive: commit %s: %w", name, err)
-	}
-	return moved, removed, nil
-}
-
-// scanKeys reads primary-key tuples, turning byte slices into strings so they
-// bind back as text.
-func scanKeys(rows *sqlx.Rows) ([][]any, error) {
-	defer rows.Close()
-	var keys [][]any
-	for rows.Next() {
-		k, err := rows.SliceScan()
-		if err != nil {
-			return nil, err
-		}
-		for i, v := range k {
-			if b, ok := v.([]byte); ok {
-				k[i] = string(b)
-			}
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
 }

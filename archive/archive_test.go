@@ -3,6 +3,7 @@ package archive_test
 import (
 	"context"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"sort"
 	"testing"
 	"time"
@@ -11,10 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/archive"
-	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/testenv"
-	"github.com/rmqtx/rmqtx/outbox"
-	"github.com/rmqtx/rmqtx/txlog"
 )
 
 // fixture is one row of the status matrix and whether archival may remove it.
@@ -26,13 +24,7 @@ type fixture struct {
 func migrateAll(t *testing.T, db *sqlx.DB) {
 	t.Helper()
 	ctx := context.Background()
-	s, err := txlog.New(db, txlog.DefaultPrefix)
-	require.NoError(t, err)
-	require.NoError(t, s.Migrate(ctx))
-	ob, err := outbox.NewTable("")
-	require.NoError(t, err)
-	require.NoError(t, ob.Migrate(ctx, db))
-	require.NoError(t, consumer.Migrate(ctx, db, ""))
+	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 }
 
 // seed writes every status of every table, old (400 days) and young (now),
@@ -229,7 +221,7 @@ func TestArchiveNeverRemovesInFlightRows(t *testing.T) {
 
 func TestArchiveConfig(t *testing.T) {
 	t.Parallel()
-	db := &sqlx.DB{}
+	db := sqlx.NewDb(nil, "mysql")
 	_, err := archive.New(archive.Config{})
 	require.ErrorIs(t, err, archive.ErrConfig)
 	_, err = archive.New(archive.Config{DB: db, TxlogRetention: time.Hour})

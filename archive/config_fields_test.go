@@ -6,6 +6,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/configtest"
 )
 
 // Every invalid Config field gives an ErrConfig naming that field, so an
@@ -14,12 +16,7 @@ import (
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	ok := Config{DB: sqlx.NewDb(nil, "mysql")}
-	_, err := New(ok)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		field string
-		mod   func(*Config)
-	}{
+	configtest.FieldErrors(t, "archive: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"DB", func(c *Config) { c.DB = nil }},
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
 		{"Tables", func(c *Config) { c.Tables = []Table{"nope"} }},
@@ -27,16 +24,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"MaxBatches", func(c *Config) { c.MaxBatches = -1 }},
 		{"TxlogRetention", func(c *Config) { c.TxlogRetention = time.Minute }},
 		{"DeadLetterRetention", func(c *Config) { c.DeadLetterRetention = 10000 * 24 * time.Hour }},
-	} {
-		c := ok
-		tc.mod(&c)
-		_, err := New(c)
-		require.ErrorIs(t, err, ErrConfig, tc.field)
-		require.ErrorContains(t, err, tc.field)
-		require.ErrorContains(t, err, "archive: ")
-	}
+	})
 	c := ok
 	c.TxlogRetention = time.Minute
-	_, err = New(c)
+	_, err := New(c)
 	require.ErrorIs(t, err, ErrRetentionTooShort)
 }

@@ -2,9 +2,11 @@ package checkback
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
@@ -81,6 +83,7 @@ type Reason string
 const (
 	ReasonFound        Reason = "found"         // a txlog row existed
 	ReasonHashMismatch Reason = "hash-mismatch" // a COMMITTED row with another payload: not this half
+	ReasonOtherHalf    Reason = "other-half"    // a COMMITTED row that another half message committed
 	ReasonResolver     Reason = "resolver"      // the Resolver decided (and it was persisted)
 	ReasonYoung        Reason = "young"         // no row, younger than the fence age
 	ReasonFenced       Reason = "fenced"        // no row, fenced (or the local tx finished while we waited)
@@ -99,9 +102,13 @@ type Query struct {
 	Keys        string
 	EventType   string
 	BusinessKey string
-	PayloadHash string    // RMQTX_PAYLOAD_SHA256 of the half message
-	BornAt      time.Time // producer clock when the half was sent
-	Properties  map[string]string
+	PayloadHash string // RMQTX_PAYLOAD_SHA256 of the half message
+	// HalfKey is the half message's UNIQ_KEY (the client's message id,
+	// which the broker keeps through every check and discard). It tells
+	// the half that committed a row from the others with its event id.
+	HalfKey    string
+	BornAt     time.Time // producer clock when the half was sent
+	Properties map[string]string
 }
 
 // QueryFromMessage builds a Query from a check request's message. Topic is
@@ -129,9 +136,55 @@ func QueryFromMessage(m *primitive.MessageExt) Query {
 		EventType:   m.GetProperty(envelope.PropEventType),
 		BusinessKey: m.GetProperty(envelope.PropBusinessKey),
 		PayloadHash: m.GetProperty(envelope.PropPayloadHash),
+		HalfKey:     m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex),
 		BornAt:      born,
 		Properties:  m.GetProperties(),
 	}
+}
+
+// Redelivered reports whether m came back through a consumer retry (the
+// broker's delay queue and a %RETRY% topic) rather than straight from the
+// topic it was stored in. The broker rewrites REAL_TOPIC of such a message
+// to the retry topic.
+func Redelivered(m *primitive.MessageExt) bool {
+	if m.ReconsumeTimes > 0 || m.GetProperty(primitive.PropertyRetryTopic) != "" {
+		return true
+	}
+	rt := m.GetProperty(primitive.PropertyRealTopic)
+	return strings.HasPrefix(rt, "%RETRY%") || strings.HasPrefix(rt, "%DLQ%")
+}
+
+// Several half messages can carry one event id: a Send retried with the
+// same id, two Sends racing, a Send after a crash. Only one of them
+// committed, and the txlog row says which: txproducer stores that half's
+// UNIQ_KEY with the row's properties. Any other half must never become a
+// copy of the event: a check answers it ROLLBACK, and discard recovery
+// (package discard) drops it.
+
+// CommittedHalf returns the UNIQ_KEY of the half message whose local
+// transaction wrote row, or "" when the row does not say (fence and
+// resolver rows, rows written before rmqtx recorded it).
+func CommittedHalf(row txlog.Row) string {
+	if row.Properties == "" {
+		return ""
+	}
+	var props map[string]string
+	if json.Unmarshal([]byte(row.Properties), &props) != nil {
+		return ""
+	}
+	return props[primitive.PropertyUniqueClientMessageIdKeyIndex]
+}
+
+// OtherHalf reports whether the half message whose UNIQ_KEY is halfKey is
+// not the one that committed row: row is COMMITTED and records another
+// half's UNIQ_KEY. It never decides from an absence: a row that records no
+// half, or a half without a UNIQ_KEY, is not "other".
+func OtherHalf(row txlog.Row, halfKey string) bool {
+	if row.State != txlog.StateCommitted || halfKey == "" {
+		return false
+	}
+	committed := CommittedHalf(row)
+	return committed != "" && committed != halfKey
 }
 
 // Answer is the outcome of one check.
@@ -337,6 +390,14 @@ func (c *Checker) rowFor(q Query, by txlog.ResolvedBy) txlog.Row {
 
 func (c *Checker) fromRow(a Answer, row txlog.Row, q Query, reason Reason) Answer {
 	a.Decision, a.Reason = FromState(row.State), reason
+	if a.Decision == Commit && OtherHalf(row, q.HalfKey) {
+		// Another half with this event id committed; that one delivers the
+		// event, and a COMMIT here would store it a second time.
+		a.Decision, a.Reason = Rollback, ReasonOtherHalf
+		c.cfg.Logger.WithFields(logrus.Fields{"event_id": q.EventID, "half": q.HalfKey}).
+			Info("checkback: half message is not the one that committed; rolling it back")
+		return a
+	}
 	if a.Decision == Commit && q.PayloadHash != "" && row.PayloadHash != "" && q.PayloadHash != row.PayloadHash {
 		// Same event id, different payload: this half is not the one that
 		// committed (a reused id whose local tx failed on the duplicate key).

@@ -2,9 +2,9 @@ package checkback_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,26 +20,18 @@ import (
 // store's locking behaviour is covered by txlog's and txproducer's
 // integration tests.
 type fakeLog struct {
-	mu        sync.Mutex
-	rows      map[string]txlog.Row
-	getErr    error
-	block     bool // Get waits for ctx
-	recovered map[string]txlog.RecoveryDecision
-	failGets  atomic.Int64 // fail this many Gets first
-	failMarks atomic.Int64 // fail this many MarkRecovered first
+	mu     sync.Mutex
+	rows   map[string]txlog.Row
+	getErr error
+	block  bool // Get waits for ctx
 }
 
-func newFakeLog() *fakeLog {
-	return &fakeLog{rows: map[string]txlog.Row{}, recovered: map[string]txlog.RecoveryDecision{}}
-}
+func newFakeLog() *fakeLog { return &fakeLog{rows: map[string]txlog.Row{}} }
 
 func (f *fakeLog) Get(ctx context.Context, id string) (txlog.Row, error) {
 	if f.block {
 		<-ctx.Done()
 		return txlog.Row{}, ctx.Err()
-	}
-	if f.failGets.Add(-1) >= 0 {
-		return txlog.Row{}, errors.New("connection refused")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -69,22 +61,6 @@ func (f *fakeLog) Fence(ctx context.Context, r txlog.Row) (txlog.Row, bool, erro
 		r.ResolvedBy = txlog.ByFence
 	}
 	return f.Record(ctx, r)
-}
-
-func (f *fakeLog) MarkRecovered(_ context.Context, id string, d txlog.RecoveryDecision, _ string) error {
-	if f.failMarks.Add(-1) >= 0 {
-		return errors.New("connection refused")
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.rows[id]
-	if !ok {
-		return txlog.ErrNotFound
-	}
-	r.RecoveryDecision, r.RecoveredAt = d, time.Now()
-	f.rows[id] = r
-	f.recovered[id] = d
-	return nil
 }
 
 var now = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -137,6 +113,67 @@ func TestDecisionRule(t *testing.T) {
 	require.False(t, young, "a young transaction is never fenced")
 	// Once fenced, every later answer is the same (I3).
 	require.Equal(t, checkback.Rollback, c.CheckQuery(ctx, query("old", time.Second)).Decision)
+}
+
+// committedRow is the row txproducer writes for a committed event, with
+// the UNIQ_KEY of the half that committed it among its properties.
+func committedRow(id, topic, half string, body []byte) txlog.Row {
+	props := envelope.Envelope{EventID: id, EventType: "T"}.Properties(body)
+	if half != "" {
+		props[primitive.PropertyUniqueClientMessageIdKeyIndex] = half
+	}
+	js, _ := json.Marshal(props)
+	return txlog.Row{EventID: id, ProducerGroup: "g", Topic: topic, Tags: "tag", Keys: id, EventType: "T",
+		State: txlog.StateCommitted, Payload: body, PayloadHash: envelope.Hash(body), Properties: string(js), ResolvedBy: txlog.ByLocalCommit}
+}
+
+// halfMessage builds a half message as a check request carries it.
+func halfMessage(group, id, half string, body []byte) *primitive.MessageExt {
+	m := &primitive.MessageExt{Message: primitive.Message{Topic: "RMQ_SYS_TRANS_HALF_TOPIC", Body: body}, BornTimestamp: now.UnixMilli()}
+	props := envelope.Envelope{EventID: id, EventType: "T"}.Properties(body)
+	for k, v := range map[string]string{"REAL_TOPIC": "orders", "TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": half, "KEYS": id} {
+		props[k] = v
+	}
+	m.WithProperties(props)
+	return m
+}
+
+// Several halves can carry one event id; the row records the UNIQ_KEY of
+// the one that committed. A check of any other half answers ROLLBACK, or
+// the broker would store the event a second time; the committed half and
+// any half of a row that records none are answered from the row's state.
+func TestOtherHalfIsRolledBack(t *testing.T) {
+	t.Parallel()
+	body := []byte(`{"a":1}`)
+	log := newFakeLog()
+	log.rows["e"] = committedRow("e", "orders", "winner", body)
+	old := committedRow("old", "orders", "", body) // a row that records no half
+	log.rows["old"] = old
+	rb := committedRow("rb", "orders", "winner", body)
+	rb.State = txlog.StateRolledBack
+	log.rows["rb"] = rb
+	c := checker(t, log, nil)
+	ctx := context.Background()
+
+	for _, tc := range []struct {
+		id, half string
+		want     checkback.Decision
+		reason   checkback.Reason
+	}{
+		{"e", "winner", checkback.Commit, checkback.ReasonFound},
+		{"e", "loser", checkback.Rollback, checkback.ReasonOtherHalf},
+		{"e", "", checkback.Commit, checkback.ReasonFound}, // no UNIQ_KEY: never decided from an absence
+		{"old", "loser", checkback.Commit, checkback.ReasonFound},
+		{"rb", "loser", checkback.Rollback, checkback.ReasonFound},
+	} {
+		a := c.Check(ctx, halfMessage("g", tc.id, tc.half, body))
+		require.Equal(t, tc.want, a.Decision, "%s/%s", tc.id, tc.half)
+		require.Equal(t, tc.reason, a.Reason, "%s/%s", tc.id, tc.half)
+	}
+	require.Equal(t, "winner", checkback.CommittedHalf(log.rows["e"]))
+	require.Empty(t, checkback.CommittedHalf(old))
+	require.Empty(t, checkback.CommittedHalf(txlog.Row{Properties: "not json"}))
+	require.Equal(t, "loser", checkback.QueryFromMessage(halfMessage("g", "e", "loser", body)).HalfKey)
 }
 
 func TestProbeMessagesRollBack(t *testing.T) {
@@ -218,7 +255,5 @@ func TestConfigRequired(t *testing.T) {
 	_, err := checkback.New(checkback.Config{Group: "g"})
 	require.ErrorIs(t, err, checkback.ErrConfig)
 	_, err = checkback.New(checkback.Config{Log: newFakeLog()})
-	require.ErrorIs(t, err, checkback.ErrConfig)
-	_, err = checkback.NewRecovery(checkback.RecoveryConfig{Group: "g", Log: newFakeLog()})
 	require.ErrorIs(t, err, checkback.ErrConfig)
 }

@@ -1,5 +1,5 @@
 // Package checkback answers RocketMQ's transaction checks for rmqtx
-// producers, and recovers half messages the broker gave up on.
+// producers.
 //
 // A check is answered from the transaction log (package txlog) only, never
 // from process memory, so any live instance of the producer group can
@@ -7,8 +7,9 @@
 // the same (invariant I3):
 //
 //   - a row exists: answer its state (COMMITTED -> COMMIT, ROLLED_BACK ->
-//     ROLLBACK; a half whose payload hash differs from the row's is not the
-//     committed one and is rolled back);
+//     ROLLBACK). A half that is not the one that committed is rolled back:
+//     the row records the committed half's UNIQ_KEY (OtherHalf), and a half
+//     whose payload hash differs from the row's cannot be it either;
 //   - no row, and the half message is younger than the fence age: UNKNOWN,
 //     the local transaction may still be running;
 //   - no row, and older: fence it (INSERT IGNORE a ROLLED_BACK row, which
@@ -31,39 +32,9 @@
 //
 // # Discard recovery
 //
-// Recovery watches TRANS_CHECK_MAX_TIME_TOPIC, where the broker moves a half
-// message after transactionCheckMax checks, and decides from the txlog row
-// only; the discarded message just names the event id:
-//
-//   - COMMITTED: published again as a normal message with the same event
-//     id, built from the row (topic, tags, keys, stored properties,
-//     payload). Nothing routing-related is taken from the message: once it
-//     has been through a consumer retry the broker rewrites its REAL_TOPIC
-//     to the recovery group's retry topic. A COMMITTED row without a stored
-//     payload (DisablePayloadStorage, a resolver's decision) cannot be
-//     republished: it is decided NO_PAYLOAD, logged at Error and counted,
-//     and an operator must publish the event;
-//   - ROLLED_BACK: dropped;
-//   - missing: fenced (a ROLLED_BACK row; its topic is recorded only when
-//     the message has not been through a retry) and dropped.
-//
-// Every decision is recorded on the txlog row and logged. A message that
-// cannot be decided yet (database or broker unreachable) is retried in
-// process, with a jittered backoff doubling from RetryBackoff up to
-// RetryMaxBackoff, for as long as it takes: a committed event is never
-// given up. Only Shutdown stops the retries; the message then goes back to
-// the broker (or stays unacknowledged) for the group's next instance. The
-// client's own limits are raised so that they never interfere: max
-// reconsume times to the protocol's maximum (the default 16 sent a
-// committed event to %DLQ% during a long outage) and the consume timeout to
-// 24 h. The gauge rmqtx_checkback_discard_undecided counts the messages
-// held meanwhile. Recovery creates its group's retry topic on start, so a
-// message handed back is redelivered within seconds, not after the
-// client's 30 s route refresh.
-//
-// Recovery may publish an event twice: it can crash between the republish
-// and recording it (failpoint recovery.after-republish), and the next pass
-// publishes again. Consumers deduplicate by event id (package consumer).
+// A half message the broker gives up on (after transactionCheckMax checks)
+// is not answered here: package discard recovers it from the txlog. Both
+// apply the same rule to a half that did not commit its row (OtherHalf).
 //
 // # Fence age and the broker's settings
 //
@@ -84,5 +55,6 @@
 // Broker defaults (5.x: 6 s, 30 s, 15) leave about 7 minutes; the library
 // default of 60 s fits. The test broker (3 s, 2 s, 5) leaves about 9 s;
 // tests use 4 s. Whatever still gets discarded (all instances down, the
-// database down during the checks) is caught by Recovery.
+// database down during the checks) is caught by discard recovery (package
+// discard).
 package checkback

@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/txlog"
 )
 
 // A Checker answers from the txlog: here a transaction with no row, older
@@ -23,22 +20,4 @@ func ExampleChecker_CheckQuery() {
 	// Output:
 	// rollback fenced
 	// unknown young
-}
-
-// Recovery runs beside a producer group (txproducer starts one for you).
-func ExampleRecovery() {
-	db, _ := sqlx.Open("mysql", "app:secret@tcp(127.0.0.1:3306)/app?parseTime=true")
-	store, _ := txlog.New(db, txlog.DefaultPrefix)
-	r, err := checkback.NewRecovery(checkback.RecoveryConfig{
-		NameServers: []string{"127.0.0.1:9876"},
-		Group:       "orders-tx",
-		Log:         store,
-	})
-	if err != nil {
-		return
-	}
-	if err := r.Start(context.Background()); err != nil {
-		return
-	}
-	defer r.Close()
 }

@@ -1,7 +1,6 @@
 package checkback_test
 
 import (
-	"reflect"
 	"testing"
 	"time"
 
@@ -12,11 +11,10 @@ import (
 )
 
 // FuzzCheckRequest feeds what a check request or a discarded half message
-// carries (properties blob, topic, born timestamp) to QueryFromMessage and
-// RepublishProperties. Nothing panics; the query reads the event id and the
-// real topic from the properties; the properties of a re-published message
-// keep the event's identity (they decode to the same envelope, or fail the
-// same way) and drop every transaction property.
+// carries (properties blob, topic, born timestamp) to QueryFromMessage.
+// Nothing panics; the query reads the event id, the half's UNIQ_KEY and the
+// real topic from the properties. (Package discard fuzzes the properties of
+// a re-published message.)
 func FuzzCheckRequest(f *testing.F) {
 	env := envelope.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", BusinessKey: "k"}
 	m := primitive.NewMessage("RMQ_SYS_TRANS_HALF_TOPIC", nil)
@@ -45,21 +43,8 @@ func FuzzCheckRequest(f *testing.F) {
 		if (born > 0) == q.BornAt.IsZero() || (born > 0 && !q.BornAt.Equal(time.UnixMilli(born))) {
 			t.Fatalf("born %d read as %v", born, q.BornAt)
 		}
-		out := checkback.RepublishProperties(p)
-		for _, k := range []string{primitive.PropertyTransactionPrepared, primitive.PropertyProducerGroup, primitive.PropertyRealTopic, primitive.PropertyRealQueueId} {
-			if _, ok := out[k]; ok {
-				t.Fatalf("re-published message keeps %s", k)
-			}
-		}
-		for k, v := range out {
-			if p[k] != v {
-				t.Fatalf("re-published property %q=%q was not on the half message", k, v)
-			}
-		}
-		e1, err1 := envelope.Decode(p)
-		e2, err2 := envelope.Decode(out)
-		if (err1 == nil) != (err2 == nil) || !reflect.DeepEqual(e1, e2) {
-			t.Fatalf("re-publishing changed the envelope: %+v (%v) -> %+v (%v)", e1, err1, e2, err2)
+		if q.HalfKey != p[primitive.PropertyUniqueClientMessageIdKeyIndex] {
+			t.Fatalf("UNIQ_KEY %q read as %q", p[primitive.PropertyUniqueClientMessageIdKeyIndex], q.HalfKey)
 		}
 	})
 }

@@ -2,7 +2,6 @@ package checkback_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/txlog"
 )
 
 const sendTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -31,11 +29,11 @@ func TestCheckSpanJoinsTheSendTrace(t *testing.T) {
 	rec, tp := spanRecorder(t)
 	log := newFakeLog()
 	body := []byte(`{"card":"4111111111111111"}`)
-	log.rows["c"] = committedRow("c", "orders", body)
+	log.rows["c"] = committedRow("c", "orders", "u1", body)
 	c, err := checkback.New(checkback.Config{Log: log, Group: "g", TracerProvider: tp})
 	require.NoError(t, err)
 
-	m := discarded("g", "c", body)
+	m := halfMessage("g", "c", "u1", body)
 	m.WithProperty(otelx.PropTraceparent, sendTraceparent)
 	a := c.Check(context.Background(), m)
 	require.Equal(t, checkback.Commit, a.Decision)
@@ -58,49 +56,4 @@ func TestCheckSpanJoinsTheSendTrace(t *testing.T) {
 	require.Equal(t, "commit", got[string(otelx.AttrOutcome)])
 	require.Equal(t, "found", got[string(otelx.AttrReason)])
 	require.Equal(t, "g", got[string(otelx.AttrGroup)])
-}
-
-// A republish is a child of the trace context stored with the txlog row
-// (the Send's), and the republished message carries the republish span's
-// context. Without a tracer the stored context is passed on unchanged.
-func TestRepublishSpan(t *testing.T) {
-	t.Parallel()
-	body := []byte(`{"a":1}`)
-	row := func() txlog.Row {
-		r := committedRow("c", "orders", body)
-		var props map[string]string
-		require.NoError(t, json.Unmarshal([]byte(r.Properties), &props))
-		props[otelx.PropTraceparent] = sendTraceparent
-		b, _ := json.Marshal(props)
-		r.Properties = string(b)
-		return r
-	}
-
-	rec, tp := spanRecorder(t)
-	log := newFakeLog()
-	log.rows["c"] = row()
-	pub := &fakePublisher{}
-	r := recovery(t, log, pub, func(c *checkback.RecoveryConfig) { c.TracerProvider = tp })
-	res, err := r.Handle(context.Background(), discarded("g", "c", body))
-	require.NoError(t, err)
-	require.Equal(t, txlog.RecoveryRepublished, res.Decision)
-	var rs sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.Name() == otelx.SpanRepublish {
-			rs = s
-		}
-	}
-	require.NotNil(t, rs)
-	require.Equal(t, "00f067aa0ba902b7", rs.Parent().SpanID().String(), "a child of the Send")
-	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", rs.SpanContext().TraceID().String())
-	require.Len(t, pub.sent, 1)
-	require.Equal(t, "00-"+rs.SpanContext().TraceID().String()+"-"+rs.SpanContext().SpanID().String()+"-01",
-		pub.sent[0].GetProperty(otelx.PropTraceparent))
-
-	log2 := newFakeLog()
-	log2.rows["c"] = row()
-	pub2 := &fakePublisher{}
-	_, err = recovery(t, log2, pub2).Handle(context.Background(), discarded("g", "c", body))
-	require.NoError(t, err)
-	require.Equal(t, sendTraceparent, pub2.sent[0].GetProperty(otelx.PropTraceparent), "tracing off: passed on")
 }

@@ -9,10 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,21 +20,20 @@ import (
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
 // Environment of a child process.
 const (
-	envRole   = "RMQTX_CLUSTERSUITE_ROLE"
 	envDB     = "RMQTX_CLUSTERSUITE_DB"
 	envTopic  = "RMQTX_CLUSTERSUITE_TOPIC"
 	envPGroup = "RMQTX_CLUSTERSUITE_PGROUP"
 	envWant   = "RMQTX_CLUSTERSUITE_WANT_BROKER"
 
-	roleCrashOnBroker = "crash-on-broker"
-	childWatchdog     = 90 * time.Second
-	childTries        = 24
+	childWatchdog = 90 * time.Second
+	childTries    = 24
 )
 
 // TestHelperProcess is not a test: crashOnBroker re-executes the test
@@ -47,7 +44,7 @@ const (
 // other broker is rolled back (its Send's context is cancelled before the
 // local transaction). Reaching the end is a failure.
 func TestHelperProcess(t *testing.T) {
-	if os.Getenv(envRole) != roleCrashOnBroker {
+	if !testenv.IsChild(t) {
 		return
 	}
 	s := testenv.Load()
@@ -58,7 +55,7 @@ func TestHelperProcess(t *testing.T) {
 	var mu sync.Mutex
 	cancels := map[string]context.CancelFunc{}
 	cfg := txproducer.Config{NameServers: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
-		FenceAge: fenceAge, WarmupTopics: []string{topic}, DisableRecovery: true,
+		FenceAge: testbed.FenceAge, WarmupTopics: []string{topic}, DisableRecovery: true,
 		Test: txproducer.TestHooks{BeforeLocalTx: func(_ context.Context, id string) {
 			// The half is stored: find the broker whose index has it.
 			where := ""
@@ -88,7 +85,7 @@ func TestHelperProcess(t *testing.T) {
 		mu.Lock()
 		cancels[id] = cancel
 		mu.Unlock()
-		_, err := p.Send(ctx, message(topic, id), insertOrder(id, "crash", false))
+		_, err := p.Send(ctx, testbed.Message("clustersuite", topic, id), testbed.InsertOrder(id, "crash", false))
 		cancel()
 		fmt.Printf("RESULT %s %v\n", id, err)
 	}
@@ -99,28 +96,16 @@ func TestHelperProcess(t *testing.T) {
 // the broker at want, killed at failpoint fp. It records every attempt of
 // the child and returns the id of the half it left.
 func (b *bed) crashOnBroker(fp, want string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), childWatchdog+30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envRole+"="+roleCrashOnBroker, failpoint.EnvVar+"="+fp,
-		envDB+"="+b.dbName, envTopic+"="+b.topic, envPGroup+"="+b.pgroup, envWant+"="+want,
-	)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return "", fmt.Errorf("child %s on %s: %v\n%s", fp, want, err, out.String())
-	}
-	ws, ok := ee.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		return "", fmt.Errorf("child %s on %s: not killed by the failpoint: %v\n%s", fp, want, err, out.String())
+	out, err := testenv.Child{Test: "TestHelperProcess", Failpoint: fp, Timeout: childWatchdog + 30*time.Second, Env: []string{
+		envDB + "=" + b.DBName, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envWant + "=" + want,
+	}}.Crash(context.Background())
+	if err != nil {
+		return "", fmt.Errorf("child on %s: %w", want, err)
 	}
 	var ids []string
 	finished := map[string]bool{}
 	halfAt := map[string]string{}
-	sc := bufio.NewScanner(&out)
+	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		switch {
@@ -136,15 +121,15 @@ func (b *bed) crashOnBroker(fp, want string) (string, error) {
 	for _, id := range ids {
 		if finished[id] {
 			// Rolled back in the child: its half was on the other broker.
-			b.record(&attempt{id: id, source: "child", broker: halfAt[id], answered: true, err: errors.New("rolled back in the child"),
-				state: txproducer.StateRolledBack})
+			b.Record(&testbed.Attempt{ID: id, Source: "child", Broker: halfAt[id], Answered: true, Err: errors.New("rolled back in the child"),
+				State: txproducer.StateRolledBack})
 			continue
 		}
 		left = id
-		b.record(&attempt{id: id, source: "crash:" + fp, broker: halfAt[id]})
+		b.Record(&testbed.Attempt{ID: id, Source: "crash:" + fp, Broker: halfAt[id]})
 	}
 	if left == "" || halfAt[left] != want {
-		return "", fmt.Errorf("child %s on %s: no half left there (last %q at %q)\n%s", fp, want, left, halfAt[left], out.String())
+		return "", fmt.Errorf("child %s on %s: no half left there (last %q at %q)\n%s", fp, want, left, halfAt[left], out)
 	}
 	return left, nil
 }

@@ -3,7 +3,8 @@
 // effect, and how long recovery took.
 //
 // It has no API: everything is in its tests, built with the failpoints tag
-// (the project's `go test -race -tags failpoints ./...` runs them). TestMain
+// (the project's `go test -race -tags failpoints ./...` runs them), on the
+// test bed it shares with the fault suite (internal/testbed). TestMain
 // starts a PRIVATE MariaDB, name server and two master brokers, broker-a and
 // broker-b, through scripts/services.sh with RMQTX_BROKERS=2 (its own run
 // folder and ports 23307, 29876, 30911 and 31011, overridable with
@@ -20,6 +21,11 @@
 //     outbox dispatcher and two consumers run a load, then restarted. Sends
 //     fail over to broker-a; halves left on broker-b are decided once it is
 //     back; outbox rows pinned to broker-b park in RETRY and are sent later.
+//   - TestBrokerKillStoredCopies: the same kill with two producers of one
+//     group and every 7th transaction rolled back, counted by an independent
+//     consumer: lost and ghosts 0, and how many committed events the broker
+//     stored more than once (re-stores after re-checks, republishes), a
+//     figure that depends on the broker's settings and is not asserted.
 //   - TestChecksAfterProducerRestart: killed producer instances leave halves
 //     on both brokers; a new instance that has sent nothing answers both
 //     brokers' checks from the txlog.
@@ -38,9 +44,11 @@
 // (internal/failpoint) right after the local commit or inside the local
 // transaction.
 //
-// A summary table is printed after the run (go test shows a passing
-// package's output with -v, or when run inside the package folder) and
-// written to $TMPDIR/rmqtx-clustersuite-summary.txt (-summary-file). Flags
+// Each scenario ends as in the fault suite: convergence, then a marker into
+// every queue of both brokers, then the count. A summary table is printed
+// after the run (go test shows a passing package's output with -v, or when
+// run inside the package folder) and written to
+// $TMPDIR/rmqtx-clustersuite-summary.txt (-summary-file). Flags
 // after -args: -summary-file PATH, -run-dir DIR and -keep-services (reuse a
 // private cluster between runs while debugging).
 package clustersuite

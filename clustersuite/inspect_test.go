@@ -21,20 +21,20 @@ import (
 func TestInspectEveryBroker(t *testing.T) {
 	t.Parallel()
 	b := newBed(t, "inspect")
-	p := b.startProducer(t, "p1", nil)
-	b.startConsumer(t, "c1")
+	p := b.StartProducer(t, "p1", nil)
+	b.StartConsumer(t, "c1")
 	ctx := context.Background()
 	onBroker := map[string]string{} // broker name -> an event id stored there
 	for i := 0; len(onBroker) < 2 && i < 40; i++ {
-		id, err := b.sendTxID(ctx, p, false)
+		id, err := b.SendTxID(ctx, p, false)
 		require.NoError(t, err)
-		require.True(t, b.coll.WaitUntil(30*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }))
-		if q := b.coll.Message(id).Queue; q != nil && onBroker[q.BrokerName] == "" {
+		require.True(t, b.Coll.WaitUntil(30*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }))
+		if q := b.Coll.Message(id).Queue; q != nil && onBroker[q.BrokerName] == "" {
 			onBroker[q.BrokerName] = id
 		}
 	}
-	addr := map[string]string{"broker-a": brokerA, "broker-b": brokerB}
-	in, err := inspect.New(inspect.Config{DB: b.db, Broker: inspect.RemotingLookup{NameServers: []string{b.s.NameServer}}})
+	addr := map[string]string{"broker-a": suite.BrokerA, "broker-b": suite.BrokerB}
+	in, err := inspect.New(inspect.Config{DB: b.DB, Broker: inspect.RemotingLookup{NameServers: []string{b.S.NameServer}}})
 	require.NoError(t, err)
 	for _, name := range []string{"broker-a", "broker-b"} {
 		id := onBroker[name]
@@ -53,6 +53,6 @@ func TestInspectEveryBroker(t *testing.T) {
 			require.Equal(t, addr[name], m.Broker, "%s %s of %s is on %s", m.Kind, m.Topic, id, name)
 		}
 	}
-	b.sc.note("inspect found the half and the message of an event on each broker, attributed to it")
-	b.verify(t, 60*time.Second)
+	b.Sc.Note("inspect found the half and the message of an event on each broker, attributed to it")
+	b.Verify(t, 60*time.Second)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -50,56 +51,55 @@ const routeRefresh = 30 * time.Second
 func TestBrokerKilledUnderLoad(t *testing.T) {
 	testenv.Integration(t)
 	b := newBed(t, "broker-b-killed")
-	t.Cleanup(func() { _, _ = private.run("up", "broker-b") })
+	suite.KeepUp(t, "broker-b")
 
-	p1, p2 := b.startProducer(t, "p1", nil), b.startProducer(t, "p2", nil)
+	p1, p2 := b.StartProducer(t, "p1", nil), b.StartProducer(t, "p2", nil)
 	// p3 holds Sends whose half landed on broker-b inside their local
 	// transaction until release is closed.
 	release := make(chan struct{})
 	located := make(chan string, 64) // broker address per held or passed half
-	p3 := b.startProducer(t, "p3", func(c *txproducer.Config) {
+	p3 := b.StartProducer(t, "p3", func(c *txproducer.Config) {
 		c.Test.BeforeLocalTx = func(_ context.Context, id string) {
 			where := halfLocation(id)
 			located <- where
-			if where == brokerB {
+			if where == suite.BrokerB {
 				<-release
 			}
 		}
 	})
-	b.startConsumer(t, "c1")
-	b.startConsumer(t, "c2")
+	b.StartConsumer(t, "c1")
+	b.StartConsumer(t, "c2")
 	sinkStart := time.Now()
-	d := b.startDispatcher(t, outbox.Config{Name: "obx-kill", PollInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second})
+	d := b.StartDispatcher(t, outbox.Config{Name: "obx-kill", PollInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second})
 
 	var okAtBack, target int64 = 0, 160
 	back := make(chan struct{})
-	l := b.startLoad([]*txproducer.Producer{p1, p2}, d, 4, 3, rate.NewLimiter(15, 1), func(l *load) bool {
-		select {
-		case <-back:
-			return l.n.Load() >= target && l.ok.Load()-okAtBack >= 30
-		default:
-			return false
-		}
-	})
-	t.Cleanup(l.stopAndWait)
-	waitFor(t, 90*time.Second, "the load to commit 30 events before the fault", func() bool { return l.ok.Load() >= 30 })
+	l := b.StartLoad(testbed.LoadConfig{Producers: []*txproducer.Producer{p1, p2}, Dispatcher: d, OutboxEvery: 4, Workers: 3, Limiter: rate.NewLimiter(15, 1),
+		Stop: func(l *testbed.Load) bool {
+			select {
+			case <-back:
+				return l.N.Load() >= target && l.OK.Load()-okAtBack >= 30
+			default:
+				return false
+			}
+		}})
+	t.Cleanup(l.StopAndWait)
+	testenv.Eventually(t, 90*time.Second, "the load to commit 30 events before the fault", func() bool { return l.OK.Load() >= 30 })
 
 	// Two Sends held with their half on broker-b.
 	var held []string
 	var wg sync.WaitGroup
 	for try := 0; len(held) < 2 && try < 24; try++ {
 		id := envelope.NewEventID()
-		a := &attempt{id: id, source: "tx"}
-		b.record(a)
+		a := &testbed.Attempt{ID: id, Source: "tx"}
+		b.Record(a)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := p3.Send(context.Background(), message(b.topic, id), insertOrder(id, "held", false))
-			b.mu.Lock()
-			a.state, a.err, a.answered = res.State, err, true
-			b.mu.Unlock()
+			res, err := p3.Send(context.Background(), b.Message(id), testbed.InsertOrder(id, "held", false))
+			b.Answered(a, res.State, err)
 		}()
-		if where := <-located; where == brokerB {
+		if where := <-located; where == suite.BrokerB {
 			held = append(held, id)
 		}
 	}
@@ -107,22 +107,22 @@ func TestBrokerKilledUnderLoad(t *testing.T) {
 
 	// Kill when the sink's next route refresh is at least 10 s away, so the
 	// rows pinned to broker-b below fail at least once before any refresh.
-	waitFor(t, routeRefresh, "a kill moment away from the sink's route refresh", func() bool {
+	testenv.Eventually(t, routeRefresh, "a kill moment away from the sink's route refresh", func() bool {
 		phase := time.Since(sinkStart) % routeRefresh
 		return phase > time.Second && phase < routeRefresh-10*time.Second
 	})
-	okAtKill, errsAtKill := l.ok.Load(), l.errs.Load()
+	okAtKill, errsAtKill := l.OK.Load(), l.Errs.Load()
 	killedAt := time.Now()
-	mustService(t, "kill9", "broker-b")
+	suite.MustService(t, "kill9", "broker-b")
 
 	// Outbox events of two aggregates pinned to broker-b's queues.
 	// The dispatcher sends an aggregate's versions in order: version 2 waits
 	// behind version 1, which parks in RETRY.
 	var pinned, firsts []string
-	for _, agg := range aggregatesOn(b.route, "broker-b", 2) {
+	for _, agg := range aggregatesOn(b.Route, "broker-b", 2) {
 		for v := int64(1); v <= 2; v++ {
-			e := b.outboxEvent(envelope.NewEventID(), agg, v)
-			require.NoError(t, b.enqueueOutbox(context.Background(), e, false, d))
+			e := b.OutboxEvent(envelope.NewEventID(), agg, v)
+			require.NoError(t, b.EnqueueOutbox(context.Background(), e, false, d))
 			pinned = append(pinned, e.EventID)
 			if v == 1 {
 				firsts = append(firsts, e.EventID)
@@ -131,27 +131,25 @@ func TestBrokerKilledUnderLoad(t *testing.T) {
 	}
 	close(release) // the held local transactions commit; END_TRANSACTION goes nowhere
 	wg.Wait()
-	b.mu.Lock()
 	for _, id := range held {
-		a := b.attempts[id]
-		assert.NoError(t, a.err, "held Send %s: its local transaction committed", id)
-		assert.Equal(t, txproducer.StateCommitted, a.state, "held Send %s", id)
+		a, _ := b.Attempt(id)
+		assert.NoError(t, a.Err, "held Send %s: its local transaction committed", id)
+		assert.Equal(t, txproducer.StateCommitted, a.State, "held Send %s", id)
 	}
-	b.mu.Unlock()
-	if !eventually(60*time.Second, func() bool { return b.outboxRetried(firsts) == len(firsts) }) {
+	if !testenv.Await(60*time.Second, func() bool { return b.outboxRetried(firsts) == len(firsts) }) {
 		t.Fatalf("the outbox rows pinned to broker-b did not park in RETRY: %s", b.outboxStates(pinned))
 	}
-	waitFor(t, 60*time.Second, "Sends to commit on broker-a during the outage", func() bool { return l.ok.Load()-okAtKill >= 20 })
-	okDuringOutage, errsDuringOutage := l.ok.Load()-okAtKill, l.errs.Load()-errsAtKill
+	testenv.Eventually(t, 60*time.Second, "Sends to commit on broker-a during the outage", func() bool { return l.OK.Load()-okAtKill >= 20 })
+	okDuringOutage, errsDuringOutage := l.OK.Load()-okAtKill, l.Errs.Load()-errsAtKill
 
-	mustComeBack(t, "broker-b")
+	suite.MustComeBack(t, "broker-b")
 	backAt := time.Now()
-	okAtBack = l.ok.Load()
+	okAtBack = l.OK.Load()
 	close(back)
 
 	// Held halves: decided once broker-b is back, by a check or by recovery.
 	by := map[string]string{}
-	waitFor(t, 100*time.Second, "the held halves on broker-b to be committed by a check or republished by recovery", func() bool {
+	testenv.Eventually(t, 100*time.Second, "the held halves on broker-b to be committed by a check or republished by recovery", func() bool {
 		for _, id := range held {
 			if by[id] == "" {
 				by[id] = b.resolvedAfter(id, backAt)
@@ -162,39 +160,30 @@ func TestBrokerKilledUnderLoad(t *testing.T) {
 		}
 		return true
 	})
-	done := make(chan struct{})
-	go func() { l.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("the load did not finish after broker-b came back: %d committed since", l.ok.Load()-okAtBack)
+	if !l.Finished(2 * time.Minute) {
+		t.Fatalf("the load did not finish after broker-b came back: %d committed since", l.OK.Load()-okAtBack)
 	}
-	b.sc.Recover = b.converge(t, 2*time.Minute).Sub(backAt)
+	b.Sc.Recover = b.Converge(t, 2*time.Minute).Sub(backAt)
 
-	b.mu.Lock()
-	errs := map[string]int{}
-	for k, v := range b.sendErrs {
-		errs[k] = v
-	}
-	b.mu.Unlock()
+	errs := b.SendErrs()
 	require.Zero(t, errs["untyped"], "every Send error is one of txproducer's typed errors: %v", errs)
 	ctx := context.Background()
 	for _, id := range pinned {
-		row, err := b.obx.Get(ctx, b.db, id)
+		row, err := b.Obx.Get(ctx, b.DB, id)
 		require.NoError(t, err)
 		require.Equal(t, outbox.StatusSent, row.Status, "pinned row %s is sent in the end", id)
 	}
 	require.Empty(t, b.orderViolations(t), "every aggregate's effects in version order")
-	b.sc.note("broker-b killed, usable again after %s; %d Sends/enqueues committed during the outage (failover to broker-a), %d errors; %d outbox rows of 2 aggregates pinned to broker-b parked in RETRY or waited behind them, all sent later in version order",
+	b.Sc.Note("broker-b killed, usable again after %s; %d Sends/enqueues committed during the outage (failover to broker-a), %d errors; %d outbox rows of 2 aggregates pinned to broker-b parked in RETRY or waited behind them, all sent later in version order",
 		backAt.Sub(killedAt).Round(100*time.Millisecond), okDuringOutage, errsDuringOutage, len(pinned))
-	b.sc.note("halves left on broker-b by the kill: %v", by)
-	b.verify(t, 2*time.Minute)
+	b.Sc.Note("halves left on broker-b by the kill: %v", by)
+	b.Verify(t, 2*time.Minute)
 }
 
 // halfLocation returns the address of the broker whose index holds the half
 // of id ("" when none shows it within 10 s).
 func halfLocation(id string) string {
-	look := inspect.RemotingLookup{Brokers: []string{brokerA, brokerB}, Timeout: 2 * time.Second}
+	look := inspect.RemotingLookup{Brokers: []string{suite.BrokerA, suite.BrokerB}, Timeout: 2 * time.Second}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if ms, _ := look.QueryByKey(context.Background(), inspect.HalfTopic, id, 4); len(ms) > 0 {
 			return ms[0].Broker
@@ -231,12 +220,12 @@ func aggregatesOn(route []remoting.RouteBroker, broker string, n int) []string {
 
 // outboxRetried counts the rows of ids that failed at least once.
 func (b *bed) outboxRetried(ids []string) int {
-	q, args, err := sqlx.In("SELECT COUNT(*) FROM "+b.obx.Name()+" WHERE retry_count > 0 AND event_id IN (?)", ids)
+	q, args, err := sqlx.In("SELECT COUNT(*) FROM "+b.Obx.Name()+" WHERE retry_count > 0 AND event_id IN (?)", ids)
 	if err != nil {
 		return 0
 	}
 	var n int
-	if err := b.db.Get(&n, q, args...); err != nil {
+	if err := b.DB.Get(&n, q, args...); err != nil {
 		return 0
 	}
 	return n
@@ -246,14 +235,12 @@ func (b *bed) outboxRetried(ids []string) int {
 // COMMIT answered to a check), "recovery" (republished from the txlog), or
 // "" (not yet).
 func (b *bed) resolvedAfter(id string, t time.Time) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, a := range b.answers[id] {
-		if a.decision == checkback.Commit && a.at.After(t) {
+	for _, a := range b.Answers(id) {
+		if a.Decision == checkback.Commit && a.At.After(t) {
 			return "check"
 		}
 	}
-	for _, r := range b.recovered[id] {
+	for _, r := range b.Recovered(id) {
 		if r.Decision == txlog.RecoveryRepublished {
 			return "recovery"
 		}
@@ -261,35 +248,11 @@ func (b *bed) resolvedAfter(id string, t time.Time) string {
 	return ""
 }
 
-func mustService(t *testing.T, args ...string) {
-	t.Helper()
-	start := time.Now()
-	out, err := private.run(args...)
-	require.NoError(t, err, "services.sh %v:\n%s", args, out)
-	t.Logf("services.sh %v took %s", args, time.Since(start).Round(100*time.Millisecond))
-}
-
-// mustComeBack restarts service and fails the test with a failure of its
-// own kind when it is not usable again within the script's bound: a restart
-// that does not come back is an environment fault, never a finding about
-// the invariants, and it is never retried.
-func mustComeBack(t *testing.T, service string) {
-	t.Helper()
-	start := time.Now()
-	out, err := private.run("up", service)
-	if err != nil {
-		report.restartFailed(service, time.Since(start))
-		t.Fatalf("RESTART FAILED: %s did not come back within %s (services.sh up %s: %v):\n%s",
-			service, time.Since(start).Round(time.Second), service, err, out)
-	}
-	t.Logf("services.sh up %s took %s", service, time.Since(start).Round(100*time.Millisecond))
-}
-
 // outboxStates describes the rows of ids (status, retries, last error).
 func (b *bed) outboxStates(ids []string) string {
 	var out []string
 	for _, id := range ids {
-		r, err := b.obx.Get(context.Background(), b.db, id)
+		r, err := b.Obx.Get(context.Background(), b.DB, id)
 		if err != nil {
 			out = append(out, fmt.Sprintf("%s: %v", id, err))
 			continue
@@ -297,17 +260,4 @@ func (b *bed) outboxStates(ids []string) string {
 		out = append(out, fmt.Sprintf("%s %s/%s v%d: %s retries=%d %s", id, r.AggregateType, r.AggregateID, r.AggregateVersion, r.Status, r.RetryCount, r.LastErrorMessage))
 	}
 	return strings.Join(out, "; ")
-}
-
-// eventually polls cond every 50 ms until it holds or timeout passes, and
-// reports whether it held.
-func eventually(timeout time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txproducer"
@@ -28,9 +29,9 @@ import (
 func TestConsumersAcrossBrokers(t *testing.T) {
 	t.Parallel()
 	b := newBed(t, "consumers-rebalance")
-	p := b.startProducer(t, "p1", nil)
-	d := b.startDispatcher(t, outbox.Config{Name: "obx-rebalance", PollInterval: 100 * time.Millisecond, LeaseDuration: 5 * time.Second})
-	c1 := b.startConsumer(t, "c1")
+	p := b.StartProducer(t, "p1", nil)
+	d := b.StartDispatcher(t, outbox.Config{Name: "obx-rebalance", PollInterval: 100 * time.Millisecond, LeaseDuration: 5 * time.Second})
+	c1 := b.StartConsumer(t, "c1")
 
 	// Outbox events: 4 aggregates, versions in order, interleaved with the
 	// transactional load.
@@ -40,8 +41,9 @@ func TestConsumersAcrossBrokers(t *testing.T) {
 	}
 	var version [4]atomic.Int64
 	var stop atomic.Bool
-	l := b.startLoad([]*txproducer.Producer{p}, nil, 0, 2, rate.NewLimiter(12, 1), func(*load) bool { return stop.Load() })
-	t.Cleanup(l.stopAndWait)
+	l := b.StartLoad(testbed.LoadConfig{Producers: []*txproducer.Producer{p}, Workers: 2, Limiter: rate.NewLimiter(12, 1),
+		Stop: func(*testbed.Load) bool { return stop.Load() }})
+	t.Cleanup(l.StopAndWait)
 	aggDone := make(chan struct{})
 	go func() {
 		defer close(aggDone)
@@ -51,19 +53,19 @@ func TestConsumersAcrossBrokers(t *testing.T) {
 				return
 			}
 			k := i % len(aggs)
-			e := b.outboxEvent("", aggs[k], version[k].Add(1))
+			e := b.OutboxEvent("", aggs[k], version[k].Add(1))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_ = b.enqueueOutbox(ctx, e, false, d)
+			_ = b.EnqueueOutbox(ctx, e, false, d)
 			cancel()
 		}
 	}()
 
 	total := func(m map[string]int) int { return m["broker-a"] + m["broker-b"] }
 	bothAtLeast := func(m map[string]int, n int) bool { return m["broker-a"] >= n && m["broker-b"] >= n }
-	waitFor(t, 90*time.Second, "c1 alone to apply 20 events from each broker", func() bool { return bothAtLeast(b.appliedFrom("c1", 0), 20) })
+	testenv.Eventually(t, 90*time.Second, "c1 alone to apply 20 events from each broker", func() bool { return bothAtLeast(b.appliedFrom("c1", 0), 20) })
 	joined, mark1 := time.Now(), b.lastEffect(t)
-	b.startConsumer(t, "c2")
-	waitFor(t, 90*time.Second, "c1 and c2 to apply 20 events each after c2 joined", func() bool {
+	b.StartConsumer(t, "c2")
+	testenv.Eventually(t, 90*time.Second, "c1 and c2 to apply 20 events each after c2 joined", func() bool {
 		return total(b.appliedFrom("c1", mark1)) >= 20 && total(b.appliedFrom("c2", mark1)) >= 20
 	})
 	splitC1, splitC2 := b.appliedFrom("c1", mark1), b.appliedFrom("c2", mark1)
@@ -72,21 +74,21 @@ func TestConsumersAcrossBrokers(t *testing.T) {
 	require.NoError(t, c1.Shutdown(ctx))
 	cancel()
 	left, mark2 := time.Now(), b.lastEffect(t)
-	waitFor(t, 90*time.Second, "c2 alone to apply 20 events from each broker", func() bool { return bothAtLeast(b.appliedFrom("c2", mark2), 20) })
+	testenv.Eventually(t, 90*time.Second, "c2 alone to apply 20 events from each broker", func() bool { return bothAtLeast(b.appliedFrom("c2", mark2), 20) })
 	stop.Store(true)
-	l.stopAndWait()
+	l.StopAndWait()
 	<-aggDone
-	converged := b.converge(t, 2*time.Minute)
-	b.sc.Recover = converged.Sub(left)
+	converged := b.Converge(t, 2*time.Minute)
+	b.Sc.Recover = converged.Sub(left)
 
 	require.Empty(t, b.orderViolations(t), "every aggregate's effects in version order")
 	var perAgg int64
 	for i := range aggs {
 		perAgg += version[i].Load()
 	}
-	b.sc.note("c1 alone, c2 joined after %s, c1 left %s later; while both ran c1 applied %v and c2 %v (events per broker); %d outbox events of %d aggregates applied in version order",
-		joined.Sub(b.start).Round(time.Second), split.Sub(joined).Round(time.Second), splitC1, splitC2, perAgg, len(aggs))
-	b.verify(t, 2*time.Minute)
+	b.Sc.Note("c1 alone, c2 joined after %s, c1 left %s later; while both ran c1 applied %v and c2 %v (events per broker); %d outbox events of %d aggregates applied in version order",
+		joined.Sub(b.Started).Round(time.Second), split.Sub(joined).Round(time.Second), splitC1, splitC2, perAgg, len(aggs))
+	b.Verify(t, 2*time.Minute)
 }
 
 // appliedFrom returns the brokers (by name) whose messages consumer applied
@@ -94,12 +96,12 @@ func TestConsumersAcrossBrokers(t *testing.T) {
 // to tell where the message was stored.
 func (b *bed) appliedFrom(consumer string, afterID int64) map[string]int {
 	var ids []string
-	if err := b.db.Select(&ids, "SELECT event_id FROM effects WHERE consumer = ? AND id > ? ORDER BY id", consumer, afterID); err != nil {
+	if err := b.DB.Select(&ids, "SELECT event_id FROM effects WHERE consumer = ? AND id > ? ORDER BY id", consumer, afterID); err != nil {
 		return nil
 	}
 	out := map[string]int{}
 	for _, id := range ids {
-		if m := b.coll.Message(id); m != nil && m.Queue != nil {
+		if m := b.Coll.Message(id); m != nil && m.Queue != nil {
 			out[m.Queue.BrokerName]++
 		}
 	}
@@ -110,6 +112,6 @@ func (b *bed) appliedFrom(consumer string, afterID int64) map[string]int {
 func (b *bed) lastEffect(t *testing.T) int64 {
 	t.Helper()
 	var id int64
-	require.NoError(t, b.db.Get(&id, "SELECT COALESCE(MAX(id), 0) FROM effects"))
+	require.NoError(t, b.DB.Get(&id, "SELECT COALESCE(MAX(id), 0) FROM effects"))
 	return id
 }

@@ -9,10 +9,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -31,18 +32,18 @@ import (
 func TestRecoveryOnEitherBroker(t *testing.T) {
 	t.Parallel()
 	b := newBed(t, "recovery")
-	b.startConsumer(t, "c1")
+	b.StartConsumer(t, "c1")
 	ctx := context.Background()
 
 	have := map[string]bool{}
-	if addrs, err := remoting.MasterBrokers(ctx, []string{b.s.NameServer}, 5*time.Second, checkback.DiscardTopic); err == nil {
+	if addrs, err := remoting.MasterBrokers(ctx, []string{b.S.NameServer}, 5*time.Second, discard.Topic); err == nil {
 		for _, a := range addrs {
 			have[a] = true
 		}
 	}
-	first, second := brokerA, brokerB
-	if have[brokerB] && !have[brokerA] {
-		first, second = brokerB, brokerA
+	first, second := suite.BrokerA, suite.BrokerB
+	if have[second] && !have[first] {
+		first, second = second, first
 	}
 	late := !have[second]
 
@@ -51,7 +52,7 @@ func TestRecoveryOnEitherBroker(t *testing.T) {
 		ids := b.crashAll(t, []crashJob{{failpoint.AfterLocalCommit, broker}, {failpoint.InsideLocalTx, broker}})
 		expect[ids[0]], expect[ids[1]] = txlog.RecoveryRepublished, txlog.RecoveryFenced
 		// No instance of the group is online: nobody answers the checks.
-		waitFor(t, 90*time.Second, "the discards on "+brokerName(broker), func() bool {
+		testenv.Eventually(t, 90*time.Second, "the discards on "+brokerName(broker), func() bool {
 			for _, id := range ids {
 				on, _ := brokersHolding(ctx, inspect.DiscardTopic, id)
 				if !on[brokerName(broker)] {
@@ -64,11 +65,9 @@ func TestRecoveryOnEitherBroker(t *testing.T) {
 	}
 	decided := func(ids []string) func() bool {
 		return func() bool {
-			b.mu.Lock()
-			defer b.mu.Unlock()
 			for _, id := range ids {
 				ok := false
-				for _, r := range b.recovered[id] {
+				for _, r := range b.Recovered(id) {
 					ok = ok || r.Decision != ""
 				}
 				if !ok {
@@ -80,9 +79,9 @@ func TestRecoveryOnEitherBroker(t *testing.T) {
 	}
 
 	ids1 := phase(first)
-	rec, err := checkback.NewRecovery(checkback.RecoveryConfig{
-		NameServers: []string{b.s.NameServer}, Group: b.pgroup, Log: b.store, StartRetry: time.Second,
-		OnDecision: b.producerConfig("recovery").OnRecovery,
+	rec, err := discard.New(discard.Config{
+		NameServers: []string{b.S.NameServer}, Group: b.PGroup, Log: b.Store, StartRetry: time.Second,
+		OnDecision: b.ProducerConfig("recovery").OnRecovery,
 	})
 	require.NoError(t, err)
 	recStart := time.Now()
@@ -92,22 +91,23 @@ func TestRecoveryOnEitherBroker(t *testing.T) {
 		defer cancel()
 		_ = rec.Shutdown(ctx)
 	})
-	waitFor(t, 60*time.Second, "recovery of the discards on "+brokerName(first), decided(ids1))
+	testenv.Eventually(t, 60*time.Second, "recovery of the discards on "+brokerName(first), decided(ids1))
 	t1 := time.Since(recStart)
 
 	ids2 := phase(second)
 	discarded := time.Now()
-	waitFor(t, 100*time.Second, "recovery of the discards on "+brokerName(second), decided(ids2))
+	testenv.Eventually(t, 100*time.Second, "recovery of the discards on "+brokerName(second), decided(ids2))
 	t2 := time.Since(discarded)
-	b.sc.Recover = max(t1, t2)
+	b.Sc.Recover = max(t1, t2)
 
 	for id, want := range expect {
-		row, err := b.store.Get(ctx, id)
+		row, err := b.Store.Get(ctx, id)
 		require.NoError(t, err)
-		require.Equal(t, want, row.RecoveryDecision, "%s (half on %s)", id, brokerName(b.attempts[id].broker))
+		a, _ := b.Attempt(id)
+		require.Equal(t, want, row.RecoveryDecision, "%s (half on %s)", id, brokerName(a.Broker))
 	}
 	// The operator's view: the discarded half sits on the second broker.
-	in, err := inspect.New(inspect.Config{DB: b.db, Broker: lookup()})
+	in, err := inspect.New(inspect.Config{DB: b.DB, Broker: lookup()})
 	require.NoError(t, err)
 	v, err := in.Event(ctx, ids2[0])
 	require.NoError(t, err)
@@ -120,8 +120,8 @@ func TestRecoveryOnEitherBroker(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"half": second, "discarded": second}, where, "inspect shows the half and its discard on %s", brokerName(second))
 
-	b.sc.note("%s: 2 halves discarded, recovered %s after recovery started; %s: 2 halves discarded while recovery ran%s, recovered %s after the discards were visible",
+	b.Sc.Note("%s: 2 halves discarded, recovered %s after recovery started; %s: 2 halves discarded while recovery ran%s, recovered %s after the discards were visible",
 		brokerName(first), t1.Round(100*time.Millisecond), brokerName(second),
 		map[bool]string{true: " (its discard topic did not exist when recovery subscribed)", false: ""}[late], t2.Round(100*time.Millisecond))
-	b.verify(t, 60*time.Second)
+	b.Verify(t, 60*time.Second)
 }

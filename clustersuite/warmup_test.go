@@ -13,8 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
-	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
@@ -53,49 +54,38 @@ func TestWarmupOnEveryBroker(t *testing.T) {
 	t.Parallel()
 	s := testenv.Integration(t)
 	db := testenv.DB(t)
-	store, err := txlog.New(db, txlog.DefaultPrefix)
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
+	require.NoError(t, schema.MigrateAll(context.Background(), db, ""))
 	both := testenv.Name(t, "both")
 	testenv.CreateClusterTopic(t, both, 2)
 
 	start := func(group string, topics []string) (*txproducer.Producer, *test.Hook) {
 		l, hook := test.NewNullLogger()
 		l.SetLevel(logrus.DebugLevel)
-		p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: group, DB: db,
-			FenceAge: fenceAge, WarmupTopics: topics, DisableRecovery: true, Logger: l})
-		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		require.NoError(t, p.Start(ctx))
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = p.Shutdown(ctx)
-		})
+		p := testbed.StartProducer(t, txproducer.Config{NameServers: []string{s.NameServer}, Group: group, DB: db,
+			FenceAge: testbed.FenceAge, WarmupTopics: topics, DisableRecovery: true, Logger: l})
 		return p, hook
 	}
 
 	g1 := testenv.Name(t, "pg")
 	p1, hook1 := start(g1, []string{both})
-	require.True(t, registeredOn(t, brokerA, g1, p1.InstanceName()), "broker-a lists the instance when Start returns")
-	require.True(t, registeredOn(t, brokerB, g1, p1.InstanceName()), "broker-b lists the instance when Start returns")
+	require.True(t, registeredOn(t, suite.BrokerA, g1, p1.InstanceName()), "broker-a lists the instance when Start returns")
+	require.True(t, registeredOn(t, suite.BrokerB, g1, p1.InstanceName()), "broker-b lists the instance when Start returns")
 	require.Empty(t, warnings(hook1), "a topic on both brokers covers the cluster")
 
 	onlyA := testenv.Name(t, "onlya")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, remoting.CreateTopic(ctx, brokerA, 5*time.Second, onlyA, 2))
+	require.NoError(t, remoting.CreateTopic(ctx, suite.BrokerA, 5*time.Second, onlyA, 2))
 	testenv.Eventually(t, 30*time.Second, "route of "+onlyA, func() bool {
 		r, err := remoting.MasterBrokers(ctx, []string{s.NameServer}, 5*time.Second, onlyA)
 		return err == nil && len(r) == 1
 	})
 	g2 := testenv.Name(t, "pg")
 	p2, hook2 := start(g2, []string{onlyA})
-	require.True(t, registeredOn(t, brokerA, g2, p2.InstanceName()), "broker-a lists the instance")
-	require.False(t, registeredOn(t, brokerB, g2, p2.InstanceName()), "broker-b is not in any route the client knows")
+	require.True(t, registeredOn(t, suite.BrokerA, g2, p2.InstanceName()), "broker-a lists the instance")
+	require.False(t, registeredOn(t, suite.BrokerB, g2, p2.InstanceName()), "broker-b is not in any route the client knows")
 	w := warnings(hook2)
 	require.Len(t, w, 1, "one warning, for the master no warm-up topic covers: %v", w)
-	require.Equal(t, brokerB, w[0].Data["broker"])
+	require.Equal(t, suite.BrokerB, w[0].Data["broker"])
 	require.Contains(t, w[0].Message, "WarmupTopics")
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/wire"
@@ -105,15 +104,15 @@ func TestAdoptionConfig(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			a := tc.a
-			_, err := NewProcessor(ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: effectHandler}}, Adopt: &a})
+			_, err := NewProcessor(ProcessorConfig{Group: "g", DB: idleDB(), Routes: map[string]Route{"T": {Handler: effectHandler}}, Adopt: &a})
 			require.ErrorIs(t, err, ErrConfig)
 			require.ErrorContains(t, err, tc.want)
-			_, err = NewProcessor(ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: effectHandler, Adopt: &a}}})
+			_, err = NewProcessor(ProcessorConfig{Group: "g", DB: idleDB(), Routes: map[string]Route{"T": {Handler: effectHandler, Adopt: &a}}})
 			require.ErrorIs(t, err, ErrConfig)
 			require.ErrorContains(t, err, `route "T": Adopt:`)
 		})
 	}
-	_, err := NewProcessor(ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: effectHandler}},
+	_, err := NewProcessor(ProcessorConfig{Group: "g", DB: idleDB(), Routes: map[string]Route{"T": {Handler: effectHandler}},
 		Adopt: &Adoption{ID: IDFromKeys, TypeFromTag: true}})
 	require.NoError(t, err)
 }

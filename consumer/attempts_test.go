@@ -10,8 +10,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func attemptRows(t testing.TB, db *sqlx.DB, group, id string) int {
@@ -42,7 +42,7 @@ func TestAttemptClearedWhenAnotherCopyApplies(t *testing.T) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 1)
 	col := testenv.Collect(t, topic)
-	target := envelope.NewEventID()
+	target := wire.NewEventID()
 	var runs runCounter
 	// The retry comes back after 10s (level 3): the second copy applies long
 	// before it, so what clears the row below is that success.
@@ -83,7 +83,7 @@ func TestAttemptClearedByDedupHitOfTheRetry(t *testing.T) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 1)
 	col := testenv.Collect(t, topic)
-	target := envelope.NewEventID()
+	target := wire.NewEventID()
 	var runs runCounter
 	routes := map[string]Route{"Created": {Handler: failFirstRun(target, &runs)}}
 	c := startConsumer(t, db, topic, group, routes, func(c *Config) { c.DelayLevel = func(Class, int) int { return 2 } })
@@ -144,7 +144,7 @@ func TestAttemptClearedOnEveryDedupPath(t *testing.T) {
 	// Cached dedup hit: p applied the event itself (a second copy, no
 	// retry), then the row is written again by another instance's failure
 	// of a third copy; the retry of that copy reaches p's cache.
-	cached := envelope.NewEventID()
+	cached := wire.NewEventID()
 	fail[cached] = true
 	p := newP(nil)
 	require.Equal(t, ResultRetry, p.Process(ctx, msg(ev(cached, "Created"), "x")).Result)
@@ -161,7 +161,7 @@ func TestAttemptClearedOnEveryDedupPath(t *testing.T) {
 
 	// Database dedup hit of an id this process saw failing, delivered with
 	// ReconsumeTimes 0 (no cache, so the database answers).
-	dbHit := envelope.NewEventID()
+	dbHit := wire.NewEventID()
 	fail[dbHit] = true
 	q := newP(func(c *ProcessorConfig) { c.DedupCacheSize = -1 })
 	require.Equal(t, ResultRetry, q.Process(ctx, msg(ev(dbHit, "Created"), "y")).Result)
@@ -172,7 +172,7 @@ func TestAttemptClearedOnEveryDedupPath(t *testing.T) {
 
 	// Restart: the failure was recorded by a process that is gone; the new
 	// one loads the attempt ids and its first-delivery success clears it.
-	restarted := envelope.NewEventID()
+	restarted := wire.NewEventID()
 	fail[restarted] = true
 	require.Equal(t, ResultRetry, newP(nil).Process(ctx, msg(ev(restarted, "Created"), "z")).Result)
 	fresh := newP(nil)
@@ -181,7 +181,7 @@ func TestAttemptClearedOnEveryDedupPath(t *testing.T) {
 	require.Equal(t, 0, attemptRows(t, db, group, restarted), "the restarted process knew the id")
 
 	// An event that never failed: applied, no attempt row before or after.
-	plain := envelope.NewEventID()
+	plain := wire.NewEventID()
 	require.Equal(t, ResultApplied, fresh.Process(ctx, msg(ev(plain, "Created"), "w")).Result)
 	require.Zero(t, fresh.failed.len(), "nothing left to clear")
 	require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt"))
@@ -235,14 +235,14 @@ func TestAttemptBookkeepingCostsNoStatementOnFirstDeliveries(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return out
 	}
-	failing := envelope.NewEventID()
+	failing := wire.NewEventID()
 	var runs runCounter
 	p := newProc(t, one, func(c *ProcessorConfig) { c.Routes["Created"] = Route{Handler: failFirstRun(failing, &runs)} })
 
 	before := status()
 	const n = 20
 	for i := range n {
-		require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(envelope.NewEventID(), "Created"), fmt.Sprint(i))).Result)
+		require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(wire.NewEventID(), "Created"), fmt.Sprint(i))).Result)
 	}
 	after := status()
 	require.Equal(t, before["Com_delete"], after["Com_delete"], "no DELETE on first deliveries")

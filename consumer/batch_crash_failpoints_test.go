@@ -3,47 +3,16 @@
 package consumer
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
-
-// TestHelperProcessBatchConsumer is not a test: TestCrashAfterBatchCommit
-// re-executes the test binary to run it as a batch-mode consumer that the
-// armed failpoint kills right after its first batch commit.
-func TestHelperProcessBatchConsumer(t *testing.T) {
-	if os.Getenv(envHelperRole) != "batch-consumer" {
-		return // only meaningful as the child process
-	}
-	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envHelperDB)))
-	require.NoError(t, err)
-	defer db.Close()
-	c, err := New(Config{
-		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
-			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
-		NameServers:      []string{testenv.Load().NameServer},
-		Topic:            os.Getenv(envHelperTopic),
-		BatchTransaction: true,
-	})
-	require.NoError(t, err)
-	require.NoError(t, c.Start(context.Background()))
-	watchdog, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	<-watchdog.Done()
-	t.Fatal("batch consumer helper was not killed by the failpoint")
-}
 
 // Batch mode killed after a batch's commit, before its ACK: the batch is
 // delivered again to a new instance, every event of it is a dedup hit, and
@@ -61,22 +30,9 @@ func TestCrashAfterBatchCommit(t *testing.T) {
 		pub.send(topic, ev(ids[i], "Created"), fmt.Appendf(nil, `{"n":%d}`, i))
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcessBatchConsumer$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envHelperRole+"=batch-consumer",
-		failpoint.EnvVar+"="+failpoint.AfterConsumeCommit,
-		envHelperDB+"="+testenv.DBName(t, db),
-		envHelperTopic+"="+topic,
-		envHelperGroup+"="+group,
-	)
-	out, err := cmd.CombinedOutput()
-	var exitErr *exec.ExitError
-	require.True(t, errors.As(err, &exitErr), "child: %v\n%s", err, out)
-	ws, ok := exitErr.Sys().(syscall.WaitStatus)
-	require.True(t, ok)
-	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die by the failpoint's SIGKILL, got %v\n%s", err, out)
+	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{
+		envHelperDB + "=" + testenv.DBName(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group, envHelperBatch + "=1",
+	}}.MustCrash(t)
 
 	// The child committed one batch (several events with their dedup rows)
 	// and died before answering the broker.

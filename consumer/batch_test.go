@@ -11,14 +11,14 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func newIDs(n int) []string {
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = envelope.NewEventID()
+		ids[i] = wire.NewEventID()
 	}
 	return ids
 }
@@ -210,7 +210,7 @@ func TestProcessBatchVersionOrder(t *testing.T) {
 	})
 	ctx := context.Background()
 	agg := "box-" + testenv.RandSuffix(6)
-	mk := func(v int64) Message { return msg(aggEv(envelope.NewEventID(), agg, v), fmt.Sprintf(`{"v":%d}`, v)) }
+	mk := func(v int64) Message { return msg(aggEv(wire.NewEventID(), agg, v), fmt.Sprintf(`{"v":%d}`, v)) }
 	b1 := []Message{mk(1), mk(2), mk(3)}
 	require.Equal(t, []Result{ResultApplied, ResultApplied, ResultApplied}, results(p.ProcessBatch(ctx, b1)))
 
@@ -253,6 +253,14 @@ func TestBatchModeOnBroker(t *testing.T) {
 	for i := 0; i < n; i += 10 {
 		failFirst[ids[i]] = true
 	}
+	// The events wait on the topic before the group starts (from the first
+	// offset), so the client hands them over in batches whatever the
+	// machine's speed: published one by one to a running consumer, they
+	// may each arrive alone.
+	pub := newPublisher(t)
+	for i, id := range ids {
+		pub.send(topic, ev(id, "Created"), fmt.Appendf(nil, `{"i":%d}`, i))
+	}
 	var mu sync.Mutex
 	txs := map[*sqlx.Tx]int{} // events per transaction
 	runs := &runCounter{}
@@ -272,10 +280,6 @@ func TestBatchModeOnBroker(t *testing.T) {
 		cfg.Goroutines = 4
 	})
 	require.Equal(t, DefaultBatchTxSize, c.Config().BatchSize)
-	pub := newPublisher(t)
-	for i, id := range ids {
-		pub.send(topic, ev(id, "Created"), fmt.Appendf(nil, `{"i":%d}`, i))
-	}
 	testenv.Eventually(t, 2*time.Minute, "every event applied", func() bool {
 		return c.Processor().Stats().Applied >= n
 	})

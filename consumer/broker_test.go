@@ -15,9 +15,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // publisher is a raw normal producer (own group, own instance name) that
@@ -32,7 +32,7 @@ func newPublisher(t *testing.T) *publisher {
 	return &publisher{t: t, p: testenv.Producer(t)}
 }
 
-func (pb *publisher) send(topic string, env envelope.Envelope, payload []byte) {
+func (pb *publisher) send(topic string, env wire.Envelope, payload []byte) {
 	pb.t.Helper()
 	m := primitive.NewMessage(topic, payload)
 	m.WithProperties(env.Properties(payload))
@@ -135,12 +135,12 @@ func TestDuplicateStorm(t *testing.T) {
 
 	const events = 500
 	type copyOf struct {
-		env     envelope.Envelope
+		env     wire.Envelope
 		payload []byte
 	}
 	var sends []copyOf
 	for i := range events {
-		e := ev(envelope.NewEventID(), "Created")
+		e := ev(wire.NewEventID(), "Created")
 		payload := []byte(fmt.Sprintf(`{"n":%d}`, i))
 		for range 3 + rand.IntN(3) {
 			sends = append(sends, copyOf{e, payload})
@@ -200,7 +200,7 @@ func TestConflict(t *testing.T) {
 	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}},
 		func(c *Config) { c.Redact = KeepPayload }) // the dead letter keeps the payload to show
 	pb := newPublisher(t)
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	a, b := []byte(`{"amount":100}`), []byte(`{"amount":999}`)
 	pb.send(topic, ev(id, "Created"), a)
 	testenv.Eventually(t, 60*time.Second, "first payload applied", func() bool { return c.Processor().Stats().Applied == 1 })
@@ -220,8 +220,8 @@ func TestConflict(t *testing.T) {
 	dl := dls[0]
 	require.Equal(t, ClassConflict, dl.ErrorClass)
 	require.Equal(t, id, dl.EventID)
-	require.Equal(t, envelope.Hash(b), dl.RequestHash)
-	require.Equal(t, envelope.Hash(a), dl.ExistingHash)
+	require.Equal(t, wire.Hash(b), dl.RequestHash)
+	require.Equal(t, wire.Hash(a), dl.ExistingHash)
 	require.Equal(t, b, dl.Payload)
 	require.Equal(t, topic, dl.Topic)
 	require.NotEmpty(t, dl.MsgID)
@@ -254,10 +254,10 @@ func TestOutOfOrderMonotonic(t *testing.T) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 4)
 	const aggs, versions = 20, 6
-	var sends []envelope.Envelope
+	var sends []wire.Envelope
 	for a := range aggs {
 		for v := 1; v <= versions; v++ {
-			sends = append(sends, aggEv(envelope.NewEventID(), fmt.Sprintf("box-%d", a), int64(v)))
+			sends = append(sends, aggEv(wire.NewEventID(), fmt.Sprintf("box-%d", a), int64(v)))
 		}
 	}
 	rand.Shuffle(len(sends), func(i, j int) { sends[i], sends[j] = sends[j], sends[i] })
@@ -273,7 +273,7 @@ func TestOutOfOrderMonotonic(t *testing.T) {
 	})
 	// Late arrivals: one old version per aggregate, with new ids.
 	for a := range aggs {
-		pb.send(topic, aggEv(envelope.NewEventID(), fmt.Sprintf("box-%d", a), 2), []byte("late"))
+		pb.send(topic, aggEv(wire.NewEventID(), fmt.Sprintf("box-%d", a), 2), []byte("late"))
 	}
 	testenv.Eventually(t, 60*time.Second, "late arrivals skipped", func() bool {
 		s := c.Processor().Stats()
@@ -298,10 +298,10 @@ func TestOutOfOrderStrict(t *testing.T) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 4)
 	const aggs, versions = 10, 5
-	var sends []envelope.Envelope
+	var sends []wire.Envelope
 	for a := range aggs {
 		for v := 2; v <= versions; v++ {
-			sends = append(sends, aggEv(envelope.NewEventID(), fmt.Sprintf("box-%d", a), int64(v)))
+			sends = append(sends, aggEv(wire.NewEventID(), fmt.Sprintf("box-%d", a), int64(v)))
 		}
 	}
 	rand.Shuffle(len(sends), func(i, j int) { sends[i], sends[j] = sends[j], sends[i] })
@@ -316,7 +316,7 @@ func TestOutOfOrderStrict(t *testing.T) {
 	require.Equal(t, 0, effects(t, db), "nothing applies across a gap")
 	gapsBefore := c.Processor().Stats().Gaps
 	for a := range aggs {
-		pb.send(topic, aggEv(envelope.NewEventID(), fmt.Sprintf("box-%d", a), 1), []byte("v1"))
+		pb.send(topic, aggEv(wire.NewEventID(), fmt.Sprintf("box-%d", a), 1), []byte("v1"))
 	}
 	testenv.Eventually(t, 90*time.Second, "all versions applied (and counted) once the gap closed", func() bool {
 		return countRows(t, db, "SELECT COUNT(*) FROM box WHERE version = ?", versions) == aggs &&
@@ -346,7 +346,7 @@ type countingResender struct {
 
 func (c *countingResender) Resend(ctx context.Context, m *primitive.MessageExt, level int) error {
 	c.mu.Lock()
-	c.ids = append(c.ids, m.GetProperty(envelope.PropEventID))
+	c.ids = append(c.ids, m.GetProperty(wire.PropEventID))
 	c.mu.Unlock()
 	return c.next.Resend(ctx, m, level)
 }
@@ -370,7 +370,7 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 			var runs runCounter
 			release := make(chan struct{})
 			var redelivery atomic.Int32
-			target := envelope.NewEventID()
+			target := wire.NewEventID()
 			routes := map[string]Route{"Created": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
 				n := runs.add(ev.ID)
 				if ev.ID == target {
@@ -392,7 +392,7 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 			pb := newPublisher(t)
 			var ids []string
 			for i := range 10 {
-				id := envelope.NewEventID()
+				id := wire.NewEventID()
 				if i == 3 {
 					id = target
 				}
@@ -460,7 +460,7 @@ func TestPoisonMessage(t *testing.T) {
 		},
 	}}
 	pb := newPublisher(t)
-	poison := envelope.NewEventID()
+	poison := wire.NewEventID()
 	var good []string
 	for i := range 12 {
 		if i == 4 {
@@ -475,7 +475,7 @@ func TestPoisonMessage(t *testing.T) {
 			pb.sendRaw(raw)
 			continue
 		}
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		good = append(good, id)
 		pb.send(topic, ev(id, "Created"), []byte(fmt.Sprintf(`{"N":%d}`, i)))
 	}
@@ -506,7 +506,7 @@ func TestPoisonMessage(t *testing.T) {
 	p := byID[poison]
 	require.Equal(t, "order-poison", p.BusinessKey)
 	require.Equal(t, `{"N": "not a number`, string(p.Payload))
-	require.Equal(t, poison, p.Properties[envelope.PropEventID])
+	require.Equal(t, poison, p.Properties[wire.PropEventID])
 	t.Logf("COUNTS e (poison): effects=%d applied=%d parked=%d retries=%d", effects(t, db), s.Applied, s.Parked, s.Retries)
 }
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/configtest"
 )
 
 // Every invalid Config field gives an ErrConfig naming that field, so an
@@ -15,15 +17,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
 	ok := Config{
-		ProcessorConfig: ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: h}}},
+		ProcessorConfig: ProcessorConfig{Group: "g", DB: sqlx.NewDb(nil, "mysql"), Routes: map[string]Route{"T": {Handler: h}}},
 		NameServers:     []string{"127.0.0.1:9876"}, Topic: "t",
 	}
-	_, err := New(ok)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		field string
-		mod   func(*Config)
-	}{
+	configtest.FieldErrors(t, "consumer: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"Group", func(c *Config) { c.Group = "" }},
 		{"Group", func(c *Config) { c.Group = strings.Repeat("g", 256) }},
 		{"DB", func(c *Config) { c.DB = nil }},
@@ -39,14 +36,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
 		{"Topic", func(c *Config) { c.Topic = "" }},
 		{"BatchSize", func(c *Config) { c.BatchSize = 2000 }},
-	} {
-		c := ok
-		tc.mod(&c)
-		_, err := New(c)
-		require.ErrorIs(t, err, ErrConfig, tc.field)
-		require.ErrorContains(t, err, tc.field)
-		require.ErrorContains(t, err, "consumer: ")
-	}
+	})
 }
 
 // The deprecated NameServer still works alone.
@@ -55,7 +45,7 @@ func TestDeprecatedNameServerIsMerged(t *testing.T) {
 	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
 	ns := []string{"127.0.0.1:9876"}
 	c, err := New(Config{
-		ProcessorConfig: ProcessorConfig{Group: "g", DB: &sqlx.DB{}, Routes: map[string]Route{"T": {Handler: h}}},
+		ProcessorConfig: ProcessorConfig{Group: "g", DB: sqlx.NewDb(nil, "mysql"), Routes: map[string]Route{"T": {Handler: h}}},
 		NameServer:      ns, Topic: "t",
 	})
 	require.NoError(t, err)

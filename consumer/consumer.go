@@ -16,6 +16,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/rmqtx/rmqtx/internal/pushstop"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
@@ -44,8 +45,12 @@ type Config struct {
 	// BatchSize is the client's ConsumeMessageBatchMaxSize: the most
 	// messages of one queue handed over at once. Default 1, or
 	// DefaultBatchTxSize (16) with BatchTransaction. Above 1 each message
-	// gets its own outcome; messages to retry are re-sent to the group's
-	// retry topic one by one (see doc.go).
+	// still gets its own outcome (and, without BatchTransaction, its own
+	// transaction). The client only takes one answer per batch, so the
+	// messages to retry are re-sent one by one, with their delay level, to
+	// the group's retry topic, and the batch is ACKed: committed siblings
+	// are not delivered again. Only if a re-send fails is the whole batch
+	// handed back; its committed messages then come back as dedup hits.
 	BatchSize int
 	// BatchTransaction (opt-in) makes the messages handed over at once share
 	// one database transaction: one multi-row dedup insert, each handler in
@@ -126,14 +131,13 @@ type Consumer struct {
 	cfg  Config
 	proc *Processor
 
-	mu       sync.Mutex
-	state    lifecycle
-	pc       rocketmq.PushConsumer
-	prod     rocketmq.Producer
-	resend   resender
-	closing  bool
-	inflight int
-	idle     chan struct{} // closed when closing and inflight reaches 0
+	mu      sync.Mutex
+	state   lifecycle
+	pc      rocketmq.PushConsumer
+	gate    *pushstop.Gate // makes pc's Shutdown safe on the upstream client
+	prod    rocketmq.Producer
+	resend  resender
+	closing bool
 
 	// wrapResend lets tests observe re-sends; set before Start.
 	wrapResend func(resender) resender
@@ -150,7 +154,7 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{cfg: cfg, proc: proc, idle: make(chan struct{})}, nil
+	return &Consumer{cfg: cfg, proc: proc}, nil
 }
 
 // Processor returns the processing core (stats, dead letters).
@@ -160,7 +164,8 @@ func (c *Consumer) Processor() *Processor { return c.proc }
 func (c *Consumer) Config() Config { return c.cfg }
 
 // Start subscribes and starts consuming. Calling it again while started is a
-// no-op; after Shutdown it returns ErrClosed. The tables must exist (Migrate).
+// no-op; after Shutdown it returns ErrClosed. The tables must exist
+// (schema.MigrateAll).
 func (c *Consumer) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -179,6 +184,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.cfg.FromLatest {
 		from = rmq.ConsumeFromLastOffset
 	}
+	gate := pushstop.New()
 	pc, err := rocketmq.NewPushConsumer(
 		rmq.WithGroupName(c.cfg.Group),
 		rmq.WithNsResolver(ns),
@@ -188,11 +194,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 		rmq.WithConsumeMessageBatchMaxSize(c.cfg.BatchSize),
 		rmq.WithConsumeGoroutineNums(c.cfg.Goroutines),
 		rmq.WithMaxReconsumeTimes(int32(c.cfg.MaxReconsumeTimes)),
+		gate.Option(),
 	)
 	if err != nil {
 		return fmt.Errorf("consumer: new push consumer: %w", err)
 	}
-	if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, c.onMessages); err != nil {
+	if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, gate.Wrap(c.onMessages)); err != nil {
 		return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
 	}
 	c.ensureRetryTopic(ctx)
@@ -230,16 +237,20 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("consumer: start push consumer: %w", err)
 	}
-	c.pc = pc
+	c.pc, c.gate = pc, gate
 	c.state = stateStarted
 	return nil
 }
 
-// Shutdown stops consuming: it suspends pulling, lets the messages being
-// processed finish (or ctx expire), hands prefetched messages back to the
-// broker for a redelivery in about a second, then shuts the clients down.
-// It is idempotent; it returns ctx.Err() if in-flight work outlived ctx (the
-// clients are shut down anyway; the unfinished transactions roll back).
+// Shutdown stops consuming. It suspends pulling and drops what pulls still
+// in flight bring (the queue's next owner gets those messages again), lets
+// the messages being processed finish, hands the prefetched ones back to the
+// broker for a redelivery in about a second, waits until the client has
+// recorded every acknowledgement, and only then shuts the clients down, so
+// that the upstream client's shutdown cannot panic (see internal/pushstop)
+// and no acknowledgement is lost. It is idempotent; it returns an error
+// wrapping ctx.Err() if that work outlived ctx (the clients are shut down
+// anyway; the unfinished transactions roll back).
 func (c *Consumer) Shutdown(ctx context.Context) error {
 	c.mu.Lock()
 	if c.state != stateStarted {
@@ -249,19 +260,10 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	}
 	c.state = stateClosed
 	c.closing = true
-	if c.inflight == 0 {
-		close(c.idle)
-	}
-	pc, prod := c.pc, c.prod
+	pc, gate, prod := c.pc, c.gate, c.prod
 	c.mu.Unlock()
 
-	pc.Suspend()
-	var werr error
-	select {
-	case <-c.idle:
-	case <-ctx.Done():
-		werr = ctx.Err()
-	}
+	werr := gate.Stop(ctx, pc)
 	err := pc.Shutdown()
 	if prod != nil {
 		if perr := prod.Shutdown(); err == nil {
@@ -269,7 +271,7 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 		}
 	}
 	if werr != nil {
-		return werr
+		return fmt.Errorf("consumer: shutdown: %w", werr)
 	}
 	if err != nil {
 		return fmt.Errorf("consumer: shutdown: %w", err)
@@ -281,23 +283,12 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 // bound every rmqtx Close shares: handlers still running then roll back.
 func (c *Consumer) Close() error { return shutdown.Close(c.Shutdown) }
 
+// enter reports whether a delivery may be processed: not once Shutdown has
+// begun (the gate counts the callbacks in progress and waits for them).
 func (c *Consumer) enter() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closing {
-		return false
-	}
-	c.inflight++
-	return true
-}
-
-func (c *Consumer) leave() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inflight--
-	if c.closing && c.inflight == 0 {
-		close(c.idle)
-	}
+	return !c.closing
 }
 
 func (c *Consumer) onMessages(ctx context.Context, msgs ...*primitive.MessageExt) (rmq.ConsumeResult, error) {
@@ -307,7 +298,6 @@ func (c *Consumer) onMessages(ctx context.Context, msgs ...*primitive.MessageExt
 		}
 		return rmq.ConsumeRetryLater, nil
 	}
-	defer c.leave()
 	if c.cfg.BatchTransaction && len(msgs) > 1 {
 		return consumeTxBatch(ctx, c.proc, c.resend, msgs)
 	}

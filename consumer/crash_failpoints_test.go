@@ -4,10 +4,7 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,17 +17,18 @@ import (
 )
 
 const (
-	envHelperRole  = "RMQTX_CONSUMER_HELPER"
 	envHelperDB    = "RMQTX_CONSUMER_HELPER_DB"
 	envHelperTopic = "RMQTX_CONSUMER_HELPER_TOPIC"
 	envHelperGroup = "RMQTX_CONSUMER_HELPER_GROUP"
+	envHelperBatch = "RMQTX_CONSUMER_HELPER_BATCH" // "1": BatchTransaction
 )
 
 // TestHelperProcessConsumer is not a test: TestCrashAfterCommitBeforeAck
-// re-executes the test binary to run it as a consumer process that the
-// armed failpoint kills with SIGKILL right after its first commit.
+// and TestCrashAfterBatchCommit re-execute the test binary to run it as a
+// consumer process (in batch mode for the latter) that the armed failpoint
+// kills with SIGKILL right after its first commit.
 func TestHelperProcessConsumer(t *testing.T) {
-	if os.Getenv(envHelperRole) != "consumer" {
+	if !testenv.IsChild(t) {
 		return // only meaningful as the child process
 	}
 	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envHelperDB)))
@@ -39,8 +37,9 @@ func TestHelperProcessConsumer(t *testing.T) {
 	c, err := New(Config{
 		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
 			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
-		NameServers: []string{testenv.Load().NameServer},
-		Topic:       os.Getenv(envHelperTopic),
+		NameServers:      []string{testenv.Load().NameServer},
+		Topic:            os.Getenv(envHelperTopic),
+		BatchTransaction: os.Getenv(envHelperBatch) == "1",
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))
@@ -61,22 +60,9 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	id := envelope.NewEventID()
 	newPublisher(t).send(topic, ev(id, "Created"), []byte(`{"n":1}`))
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcessConsumer$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envHelperRole+"=consumer",
-		failpoint.EnvVar+"="+failpoint.AfterConsumeCommit,
-		envHelperDB+"="+testenv.DBName(t, db),
-		envHelperTopic+"="+topic,
-		envHelperGroup+"="+group,
-	)
-	out, err := cmd.CombinedOutput()
-	var exitErr *exec.ExitError
-	require.True(t, errors.As(err, &exitErr), "child: %v\n%s", err, out)
-	ws, ok := exitErr.Sys().(syscall.WaitStatus)
-	require.True(t, ok)
-	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die by the failpoint's SIGKILL, got %v\n%s", err, out)
+	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{
+		envHelperDB + "=" + testenv.DBName(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group,
+	}}.MustCrash(t)
 
 	// The child committed the effect and the dedup row, then died unACKed.
 	require.Equal(t, 1, effects(t, db))

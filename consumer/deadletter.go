@@ -11,8 +11,9 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Dead-letter statuses.
@@ -54,7 +55,7 @@ type DeadLetter struct {
 // Replayable reports whether the stored payload is the original one (its
 // hash matches), so a replay re-publishes exactly what was delivered.
 func (d DeadLetter) Replayable() bool {
-	return !d.PayloadRedacted || envelope.Hash(d.Payload) == d.RequestHash
+	return !d.PayloadRedacted || wire.Hash(d.Payload) == d.RequestHash
 }
 
 // DeadLetterFilter selects dead letters; zero fields do not filter and every
@@ -149,19 +150,25 @@ func inList[T any](col string, vs []T) (string, []any) {
 type DeadLetterStore struct {
 	db *sqlx.DB
 	t  tables
+	d  dialect.Dialect
 }
 
 // NewDeadLetterStore returns a store over the dead-letter table under prefix
-// ("" means DefaultTablePrefix).
+// ("" means DefaultTablePrefix). A database whose driver rmqtx does not
+// support is an error wrapping ErrConfig.
 func NewDeadLetterStore(db *sqlx.DB, prefix string) (*DeadLetterStore, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil DB", ErrConfig)
+	}
+	d, err := dialect.For(db)
+	if err != nil {
+		return nil, fmt.Errorf("%w: DB: %w", ErrConfig, err)
 	}
 	t, err := newTables(prefix)
 	if err != nil {
 		return nil, err
 	}
-	return &DeadLetterStore{db: db, t: t}, nil
+	return &DeadLetterStore{db: db, t: t, d: d}, nil
 }
 
 const deadLetterColumns = "id, consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key," +
@@ -212,7 +219,7 @@ func (r deadLetterRow) deadLetter() DeadLetter {
 
 // SelectSQL returns the query that reads the dead letters f selects, oldest
 // id first, and its arguments: "SELECT <columns> FROM <dead-letter table>
-// [WHERE ...] ORDER BY id LIMIT ?". columns is a select list over the table
+// [WHERE ...] ORDER BY id LIMIT ?", with the database's placeholders. columns is a select list over the table
 // ("" selects every column, in the order and with the names DeadLetter is
 // read from); the limit is f.Limit, default DefaultDeadLetterLimit, not capped.
 // The replay and inspect packages read dead letters with it.
@@ -225,7 +232,7 @@ func (s *DeadLetterStore) SelectSQL(columns string, f DeadLetterFilter) (string,
 		limit = DefaultDeadLetterLimit
 	}
 	where, args := f.where()
-	return "SELECT " + columns + " FROM " + s.t.dead + where + " ORDER BY id LIMIT ?", append(args, limit)
+	return s.d.Rebind("SELECT " + columns + " FROM " + s.t.dead + where + " ORDER BY id LIMIT ?"), append(args, limit)
 }
 
 // List returns dead letters matching f, oldest id first.
@@ -261,7 +268,7 @@ func (s *DeadLetterStore) GetForUpdate(ctx context.Context, tx *sqlx.Tx, id int6
 
 func (s *DeadLetterStore) get(ctx context.Context, q sqlx.QueryerContext, id int64, suffix string) (DeadLetter, error) {
 	var r deadLetterRow
-	err := sqlx.GetContext(ctx, q, &r, "SELECT "+deadLetterColumns+" FROM "+s.t.dead+" WHERE id = ?"+suffix, id)
+	err := sqlx.GetContext(ctx, q, &r, s.d.Rebind("SELECT "+deadLetterColumns+" FROM "+s.t.dead+" WHERE id = ?"+suffix), id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return DeadLetter{}, fmt.Errorf("%w: dead letter %d", ErrNotFound, id)
 	}
@@ -271,13 +278,16 @@ func (s *DeadLetterStore) get(ctx context.Context, q sqlx.QueryerContext, id int
 	return r.deadLetter(), nil
 }
 
-const markReplayed = "status = '" + DeadLetterReplayed + "', replay_count = replay_count + 1, replayed_at = UTC_TIMESTAMP(6)"
+// markReplayed is the change of a replayed dead letter.
+func (s *DeadLetterStore) markReplayed() string {
+	return "status = '" + DeadLetterReplayed + "', replay_count = replay_count + 1, replayed_at = " + s.d.Now()
+}
 
 // MarkReplayed moves a PARKED dead letter to REPLAYED (replay_count + 1,
 // replayed_at now) after it was re-published with its original event id. If
 // the replay fails again, the processor parks it again (status PARKED).
 func (s *DeadLetterStore) MarkReplayed(ctx context.Context, id int64, note string) error {
-	return s.resolve(ctx, s.db, id, markReplayed, note, DeadLetterParked)
+	return s.resolve(ctx, s.db, id, s.markReplayed(), note, DeadLetterParked)
 }
 
 // MarkReplayedTx is MarkReplayed inside tx, for a dead letter the caller
@@ -285,7 +295,7 @@ func (s *DeadLetterStore) MarkReplayed(ctx context.Context, id int64, note strin
 // letter (one sent again); any other status is an error wrapping
 // ErrNotParked.
 func (s *DeadLetterStore) MarkReplayedTx(ctx context.Context, tx *sqlx.Tx, id int64, note string) error {
-	return s.resolve(ctx, tx, id, markReplayed, note, DeadLetterParked, DeadLetterReplayed)
+	return s.resolve(ctx, tx, id, s.markReplayed(), note, DeadLetterParked, DeadLetterReplayed)
 }
 
 // MarkDiscarded moves a PARKED dead letter to DISCARDED. Later deliveries of
@@ -296,8 +306,8 @@ func (s *DeadLetterStore) MarkDiscarded(ctx context.Context, id int64, note stri
 
 // resolve applies set to dead letter id if its status is one of from.
 func (s *DeadLetterStore) resolve(ctx context.Context, e sqlx.ExtContext, id int64, set, note string, from ...string) error {
-	res, err := e.ExecContext(ctx, "UPDATE "+s.t.dead+" SET "+set+", resolved_at = UTC_TIMESTAMP(6), resolution_note = ?"+
-		" WHERE id = ? AND status IN ('"+strings.Join(from, "', '")+"')", clip(note, 512), id)
+	res, err := e.ExecContext(ctx, s.d.Rebind("UPDATE "+s.t.dead+" SET "+set+", resolved_at = "+s.d.Now()+", resolution_note = ?"+
+		" WHERE id = ? AND status IN ('"+strings.Join(from, "', '")+"')"), clip(note, 512), id)
 	if err != nil {
 		return fmt.Errorf("consumer: resolve dead letter %d: %w", id, err)
 	}
@@ -321,7 +331,7 @@ func (s *DeadLetterStore) Count(ctx context.Context, group, status string) (int,
 func (s *DeadLetterStore) CountFilter(ctx context.Context, f DeadLetterFilter) (int, error) {
 	where, args := f.where()
 	var n int
-	if err := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+s.t.dead+where, args...); err != nil {
+	if err := s.db.GetContext(ctx, &n, s.d.Rebind("SELECT COUNT(*) FROM "+s.t.dead+where), args...); err != nil {
 		return 0, fmt.Errorf("consumer: count dead letters: %w", err)
 	}
 	return n, nil

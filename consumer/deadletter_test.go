@@ -9,7 +9,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // The one dead-letter filter renders every field as a bound condition, in a
@@ -18,7 +19,7 @@ import (
 func TestDeadLetterFilterSQL(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2025, 6, 1, 12, 0, 0, 0, time.FixedZone("CEST", 2*3600))
-	s := &DeadLetterStore{t: tables{dead: "rmqtx_dead_letter"}}
+	s := &DeadLetterStore{t: tables{dead: "rmqtx_dead_letter"}, d: dialect.MySQL}
 	cases := map[string]struct {
 		f     DeadLetterFilter
 		where string
@@ -210,7 +211,7 @@ func TestDeadLetterPayloadRedactedByDefault(t *testing.T) {
 			cfg.Redact = c.redact
 			cfg.Routes["Rejected"] = reject
 		})
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		o := p.Process(ctx, msg(ev(id, "Rejected"), payload))
 		require.Equal(t, ResultParked, o.Result, c.name)
 		dl, err := p.DeadLetters().Get(ctx, o.DeadLetterID)
@@ -218,8 +219,8 @@ func TestDeadLetterPayloadRedactedByDefault(t *testing.T) {
 		require.Equal(t, c.stored, dl.Payload, c.name)
 		require.Equal(t, c.redacted, dl.PayloadRedacted, c.name)
 		require.Equal(t, !c.redacted, dl.Replayable(), c.name)
-		require.Equal(t, envelope.Hash([]byte(payload)), dl.RequestHash, "%s: the hash identifies the payload", c.name)
-		require.Equal(t, id, dl.Properties[envelope.PropEventID], c.name)
+		require.Equal(t, wire.Hash([]byte(payload)), dl.RequestHash, "%s: the hash identifies the payload", c.name)
+		require.Equal(t, id, dl.Properties[wire.PropEventID], c.name)
 		var raw []byte
 		require.NoError(t, db.Get(&raw, "SELECT payload FROM rmqtx_dead_letter WHERE id = ?", o.DeadLetterID))
 		require.Equal(t, c.stored, raw, "%s: what the table holds", c.name)

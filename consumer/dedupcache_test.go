@@ -12,8 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func TestDedupCacheBoundAndEviction(t *testing.T) {
@@ -88,7 +88,7 @@ func TestDedupCacheHitSkipsDatabase(t *testing.T) {
 	own := ownPool(t, db, nil)
 	p := newProc(t, own, nil)
 	ctx := context.Background()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), `{"a":1}`)).Result)
 	require.Equal(t, DedupCacheStats{Capacity: DefaultDedupCacheSize, Entries: 1}, p.DedupCacheStats())
@@ -116,7 +116,7 @@ func TestDedupCacheMismatchParksConflict(t *testing.T) {
 	db := setupDB(t)
 	p := newProc(t, db, nil)
 	ctx := context.Background()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), `{"a":1}`)).Result)
 	c := p.Process(ctx, msg(ev(id, "Created"), `{"a":2}`))
@@ -124,8 +124,8 @@ func TestDedupCacheMismatchParksConflict(t *testing.T) {
 	require.ErrorIs(t, c.Err, ErrConflict)
 	dl, err := p.DeadLetters().Get(ctx, c.DeadLetterID)
 	require.NoError(t, err)
-	require.Equal(t, envelope.Hash([]byte(`{"a":2}`)), dl.RequestHash)
-	require.Equal(t, envelope.Hash([]byte(`{"a":1}`)), dl.ExistingHash)
+	require.Equal(t, wire.Hash([]byte(`{"a":2}`)), dl.RequestHash)
+	require.Equal(t, wire.Hash([]byte(`{"a":1}`)), dl.ExistingHash)
 	require.Zero(t, p.DedupCacheStats().Hits)
 
 	require.Equal(t, ResultDuplicate, p.Process(ctx, msg(ev(id, "Created"), `{"a":1}`)).Result)
@@ -156,7 +156,7 @@ func TestDedupCacheNeverHoldsRolledBackAttempts(t *testing.T) {
 		}}
 	})
 	ctx := context.Background()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	m := msg(ev(id, "Created"), `{"a":1}`)
 
 	mode.Store("fail")
@@ -169,7 +169,7 @@ func TestDedupCacheNeverHoldsRolledBackAttempts(t *testing.T) {
 	require.Zero(t, p.DedupCacheStats().Entries)
 	require.Zero(t, effects(t, db))
 
-	gap := aggEv(envelope.NewEventID(), "box-1", 2) // strict: version 1 first
+	gap := aggEv(wire.NewEventID(), "box-1", 2) // strict: version 1 first
 	require.Equal(t, ResultRetry, p.Process(ctx, msg(gap, `{}`)).Result)
 	require.Zero(t, p.DedupCacheStats().Entries)
 
@@ -188,7 +188,7 @@ func TestDedupCacheBoundInProcessor(t *testing.T) {
 	db := setupDB(t)
 	p := newProc(t, db, func(c *ProcessorConfig) { c.DedupCacheSize = 2 })
 	ctx := context.Background()
-	ids := []string{envelope.NewEventID(), envelope.NewEventID(), envelope.NewEventID()}
+	ids := []string{wire.NewEventID(), wire.NewEventID(), wire.NewEventID()}
 	for _, id := range ids {
 		require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), "p-"+id)).Result)
 	}
@@ -212,22 +212,29 @@ func TestDedupDatabasePathDriverFlags(t *testing.T) {
 		own := ownPool(t, db, func(c *mysql.Config) { c.ClientFoundRows, c.InterpolateParams = flags.foundRows, flags.interpolate })
 		p := newProc(t, own, func(c *ProcessorConfig) { c.DedupCacheSize = -1; c.VersionMode = VersionMonotonic })
 		ctx := context.Background()
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), `{"a":1}`)).Result, "%+v", flags)
 		require.Equal(t, ResultDuplicate, p.Process(ctx, msg(ev(id, "Created"), `{"a":1}`)).Result, "%+v", flags)
 		c := p.Process(ctx, msg(ev(id, "Created"), `{"a":2}`))
 		require.Equal(t, ResultConflict, c.Result, "%+v", flags)
 		dl, err := p.DeadLetters().Get(ctx, c.DeadLetterID)
 		require.NoError(t, err)
-		require.Equal(t, envelope.Hash([]byte(`{"a":1}`)), dl.ExistingHash, "%+v", flags)
+		require.Equal(t, wire.Hash([]byte(`{"a":1}`)), dl.ExistingHash, "%+v", flags)
+		// Parked again: the same row, whose id the one upsert statement returns.
+		c2 := p.Process(ctx, msg(ev(id, "Created"), `{"a":2}`))
+		require.Equal(t, ResultConflict, c2.Result, "%+v", flags)
+		require.Equal(t, c.DeadLetterID, c2.DeadLetterID, "%+v", flags)
+		dl, err = p.DeadLetters().Get(ctx, c.DeadLetterID)
+		require.NoError(t, err)
+		require.Equal(t, 2, dl.ParkCount, "%+v", flags)
 
 		agg := "box-" + id
-		require.Equal(t, ResultApplied, p.Process(ctx, msg(aggEv(envelope.NewEventID(), agg, 2), `{}`)).Result)
-		staleID := envelope.NewEventID()
+		require.Equal(t, ResultApplied, p.Process(ctx, msg(aggEv(wire.NewEventID(), agg, 2), `{}`)).Result)
+		staleID := wire.NewEventID()
 		require.Equal(t, ResultStale, p.Process(ctx, msg(aggEv(staleID, agg, 1), `{}`)).Result)
 		require.Equal(t, ResultDuplicate, p.Process(ctx, msg(aggEv(staleID, agg, 1), `{}`)).Result, "a stale skip is recorded: its redelivery is a dedup hit")
 
-		require.Equal(t, Stats{Applied: 2, Duplicates: 2, Conflicts: 1, Parked: 1, Stale: 1}, p.Stats(), "%+v", flags)
+		require.Equal(t, Stats{Applied: 2, Duplicates: 2, Conflicts: 2, Parked: 2, Stale: 1}, p.Stats(), "%+v", flags)
 		require.Zero(t, p.DedupCacheStats().Hits)
 		var retries int
 		require.NoError(t, db.Get(&retries, "SELECT retry_count FROM rmqtx_consume_log WHERE consumer_group = ? AND event_id = ?", p.Config().Group, id))
@@ -266,7 +273,7 @@ func TestDedupStormReadsCommittedRowFirst(t *testing.T) {
 	ctx := context.Background()
 	ids := make([]string, 64)
 	for i := range ids {
-		ids[i] = envelope.NewEventID()
+		ids[i] = wire.NewEventID()
 		require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(ids[i], "Created"), "p-"+ids[i])).Result)
 	}
 	require.False(t, p.dups.storm())
@@ -285,13 +292,13 @@ func TestDedupStormReadsCommittedRowFirst(t *testing.T) {
 	require.Equal(t, ResultDuplicate, p.Process(dctx, msg(ev(ids[0], "Created"), "p-"+ids[0])).Result, "answered without the row lock")
 	require.NoError(t, lock.Rollback())
 
-	fresh := envelope.NewEventID()
+	fresh := wire.NewEventID()
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(fresh, "Created"), "p-"+fresh)).Result, "a miss takes the transaction")
 	c := p.Process(ctx, msg(ev(ids[1], "Created"), "other"))
 	require.Equal(t, ResultConflict, c.Result, "another hash takes the transaction")
 	dl, err := p.DeadLetters().Get(ctx, c.DeadLetterID)
 	require.NoError(t, err)
-	require.Equal(t, envelope.Hash([]byte("p-"+ids[1])), dl.ExistingHash)
+	require.Equal(t, wire.Hash([]byte("p-"+ids[1])), dl.ExistingHash)
 	require.Equal(t, Stats{Applied: 65, Duplicates: 65, Conflicts: 1, Parked: 1}, p.Stats())
 	require.Equal(t, 65, effects(t, db))
 }

@@ -1,5 +1,6 @@
 // Package consumer turns RocketMQ's at-least-once delivery into an
-// exactly-once business effect per consumer group (DESIGN.md I4-I7).
+// exactly-once business effect per consumer group (invariants I4-I7 in the
+// README's "Design and invariants" section).
 //
 // Duplicates are normal: producer retries, double commits, check-back
 // commits and lost ACKs all redeliver. For every message the Processor runs
@@ -8,8 +9,8 @@
 //	dedup cache: id committed here with this hash -> dedup hit: ACK, no DB
 //	BEGIN
 //	INSERT consume_log (group, event id, payload hash)  -- first, one statement
-//	  ON DUPLICATE KEY: the existing row is locked and the statement's
-//	  insert id says whether its hash is ours (no error, no second query)
+//	  on a duplicate key the existing row is locked and the same statement
+//	  says whether its hash is ours (no error, no second query)
 //	  duplicate key, same hash      -> ROLLBACK, dedup hit: ACK, handler not run
 //	  duplicate key, other hash     -> ROLLBACK, conflict: parked with both hashes, ACK
 //	aggregate-version guard (strict: only last+1; monotonic: only newer)
@@ -52,7 +53,7 @@
 // another transaction's uncommitted row, so there it is not trusted and is
 // turned off. Every other duplicate decision is a locking statement inside
 // the dedup transaction and sees committed rows at any isolation level. The
-// statements work with the go-sql-driver flags interpolateParams and
+// statements work with the MySQL driver's flags interpolateParams and
 // clientFoundRows.
 //
 // Two deliveries of one event at the same moment (two instances, or a
@@ -72,20 +73,25 @@
 //
 // Batch mode (opt-in, Config.BatchTransaction; BatchSize then defaults to
 // DefaultBatchTxSize, 16): the messages handed over at once (one queue) share
-// one transaction (Processor.ProcessBatch): BEGIN; one multi-row INSERT
-// IGNORE of their dedup rows; per event, in order, a SAVEPOINT, the version
+// one transaction (Processor.ProcessBatch): BEGIN; one multi-row insert of
+// their dedup rows that skips existing ones; per event, in order, a SAVEPOINT, the version
 // guard and the handler; COMMIT; then the ACK. A failing event is rolled back
 // to its savepoint with its dedup row and retried or parked alone; its
 // neighbours commit. The insert's row count decides the common cases in one
 // statement (all new; all known, whose hashes one locking read returns); a
 // batch mixing both is decided per event with the single-mode statement.
-// Every message is first checked as Process checks it, and the dedup cache
-// answers known redeliveries. A crash between the COMMIT and the ACK
+// Single and batch mode share their steps: every message is first checked
+// the same way, the dedup cache answers known redeliveries, each event runs
+// the same guard and handler steps, and one result step turns what the
+// transaction decided into the outcome. A crash between the COMMIT and the ACK
 // redelivers the batch as dedup hits.
 //
 // Every statement of the package is prepared once per pooled connection
 // (internal/stmtcache), so each costs one round trip with any DSN.
 //
-// Call Migrate (or Processor.Migrate) once before starting; table names take
-// a validated prefix, "rmqtx_" by default.
+// The package writes its SQL once, portably, and asks the database's dialect
+// (internal/dialect) for the few pieces that differ. Create the tables with
+// schema.MigrateAll (or `rmqtx migrate`) once before starting; Migrations
+// hands it this package's steps. Table names take a validated prefix,
+// "rmqtx_" by default.
 package consumer

@@ -9,7 +9,8 @@ import (
 // table and used as a metrics label, so the set is small and fixed.
 type Class string
 
-// The error classes (DESIGN.md I7).
+// The error classes (invariant I7 in the README's "Design and invariants"
+// section).
 const (
 	// ClassTransient: infrastructure trouble (DB, network, timeouts). Retried
 	// with RocketMQ delay levels up to MaxRetries, then parked.

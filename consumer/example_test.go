@@ -26,10 +26,8 @@ func Example() {
 		return
 	}
 	ctx := context.Background()
-	if err := consumer.Migrate(ctx, db, ""); err != nil {
-		fmt.Println(err)
-		return
-	}
+	// The tables exist: schema.MigrateAll(ctx, db, "") (or `rmqtx migrate`)
+	// ran at deploy time.
 	c, err := consumer.New(consumer.Config{
 		ProcessorConfig: consumer.ProcessorConfig{
 			Group: "order-service",

@@ -8,18 +8,18 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // FuzzMessageDecode feeds the consumer's decoding path with arbitrary wire
 // input: a body, the properties blob as RocketMQ encodes it (name \x01 value
 // \x02 ...), a topic and a reconsume count. Nothing panics; a message either
-// decodes to a valid envelope or fails with envelope.ErrInvalid (and is
+// decodes to a valid envelope or fails with wire.ErrInvalid (and is
 // parked under an id that fits the dead-letter table); the properties kept for
 // a replay are a subset of the delivered ones and never carry rmqtx's own
 // attempt counter.
 func FuzzMessageDecode(f *testing.F) {
-	ok := envelope.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", EventVersion: 2,
+	ok := wire.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", EventVersion: 2,
 		AggregateType: "Order", AggregateID: "o-1", AggregateVersion: 3, BusinessKey: "k-1", Headers: map[string]string{"trace": "t-1"}}
 	m := primitive.NewMessage("orders", nil)
 	m.WithProperties(ok.Properties([]byte(`{"n":1}`)))
@@ -38,18 +38,18 @@ func FuzzMessageDecode(f *testing.F) {
 		if !strings.HasPrefix(topic, "%RETRY%") && msg.Delivery.Topic != topic {
 			t.Fatalf("topic %q became %q", topic, msg.Delivery.Topic)
 		}
-		env, err := envelope.Decode(msg.Properties)
+		env, err := wire.Decode(msg.Properties)
 		if err != nil {
-			if !errors.Is(err, envelope.ErrInvalid) {
-				t.Fatalf("decode error does not wrap envelope.ErrInvalid: %v", err)
+			if !errors.Is(err, wire.ErrInvalid) {
+				t.Fatalf("decode error does not wrap wire.ErrInvalid: %v", err)
 			}
 			ev := malformedEvent(msg)
-			if ev.ID == "" || !utf8.ValidString(ev.ID) || len(ev.ID) > len("msgid:")+envelope.MaxIDLen {
+			if ev.ID == "" || !utf8.ValidString(ev.ID) || len(ev.ID) > len("msgid:")+wire.MaxIDLen {
 				t.Fatalf("malformed message parked under an unusable id %q", ev.ID)
 			}
 		} else {
-			if env.EventID != msg.Properties[envelope.PropEventID] {
-				t.Fatalf("event id %q decoded as %q", msg.Properties[envelope.PropEventID], env.EventID)
+			if env.EventID != msg.Properties[wire.PropEventID] {
+				t.Fatalf("event id %q decoded as %q", msg.Properties[wire.PropEventID], env.EventID)
 			}
 			if err := env.Validate(); err != nil {
 				t.Fatalf("decoded envelope does not validate: %v", err)

@@ -8,8 +8,10 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/internal/migrate"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // setupDB returns a fresh database with the consumer tables and a business
@@ -19,7 +21,7 @@ func setupDB(t *testing.T) *sqlx.DB {
 	t.Helper()
 	db := testenv.DB(t)
 	ctx := context.Background()
-	require.NoError(t, Migrate(ctx, db, ""))
+	require.NoError(t, migrateTables(ctx, db, ""))
 	_, err := db.ExecContext(ctx, `CREATE TABLE effect (
 		id BIGINT AUTO_INCREMENT PRIMARY KEY,
 		event_id VARCHAR(64) NOT NULL,
@@ -30,6 +32,28 @@ func setupDB(t *testing.T) *sqlx.DB {
 	require.NoError(t, err)
 	return db
 }
+
+// migrateTables creates the consumer tables under prefix as
+// schema.MigrateAll does (one version table, <prefix>schema_migrations),
+// which in-package tests cannot import.
+func migrateTables(ctx context.Context, db *sqlx.DB, prefix string) error {
+	d, err := dialect.For(db)
+	if err != nil {
+		return err
+	}
+	fsys, names, err := Migrations(d.Name(), prefix)
+	if err != nil {
+		return err
+	}
+	if prefix == "" {
+		prefix = DefaultTablePrefix
+	}
+	return migrate.Run(ctx, db, prefix+"schema_migrations", migrate.Part{Name: "consumer", FS: fsys, Replace: names})
+}
+
+// idleDB is a handle of the mysql driver that is never connected: for
+// tests of validation, which reads only its driver name.
+func idleDB() *sqlx.DB { return sqlx.NewDb(nil, "mysql") }
 
 // effectHandler inserts one effect row per run.
 func effectHandler(ctx context.Context, tx *sqlx.Tx, ev Event) error {
@@ -48,15 +72,15 @@ func countRows(t testing.TB, db *sqlx.DB, q string, args ...any) int {
 func effects(t testing.TB, db *sqlx.DB) int { return countRows(t, db, "SELECT COUNT(*) FROM effect") }
 
 // msg builds a Message as the broker would deliver it.
-func msg(env envelope.Envelope, payload string) Message {
+func msg(env wire.Envelope, payload string) Message {
 	body := []byte(payload)
 	return Message{Body: body, Properties: env.Properties(body), Delivery: Delivery{
 		Topic: "t", MsgID: "m-" + env.EventID, StoredAt: time.Now().UTC(),
 	}}
 }
 
-func ev(id, typ string) envelope.Envelope { return envelope.Envelope{EventID: id, EventType: typ} }
+func ev(id, typ string) wire.Envelope { return wire.Envelope{EventID: id, EventType: typ} }
 
-func aggEv(id, aggID string, version int64) envelope.Envelope {
-	return envelope.Envelope{EventID: id, EventType: "Moved", AggregateType: "Box", AggregateID: aggID, AggregateVersion: version}
+func aggEv(id, aggID string, version int64) wire.Envelope {
+	return wire.Envelope{EventID: id, EventType: "Moved", AggregateType: "Box", AggregateID: aggID, AggregateVersion: version}
 }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // The duplicate decision must rest on committed rows only, whatever the
@@ -31,7 +31,7 @@ func TestDedupIgnoresUncommittedRowsAtReadUncommitted(t *testing.T) {
 			ctx := context.Background()
 			if storm {
 				// 64 database dedup hits put the processor in storm mode.
-				warm := envelope.NewEventID()
+				warm := wire.NewEventID()
 				require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(warm, "Created"), "warm")).Result)
 				for range 64 {
 					require.Equal(t, ResultDuplicate, p.Process(ctx, msg(ev(warm, "Created"), "warm")).Result)
@@ -40,12 +40,12 @@ func TestDedupIgnoresUncommittedRowsAtReadUncommitted(t *testing.T) {
 			}
 			before := effects(t, db)
 
-			id := envelope.NewEventID()
+			id := wire.NewEventID()
 			m := msg(ev(id, "Created"), "payload-"+id)
 			other, err := db.BeginTxx(ctx, nil)
 			require.NoError(t, err)
 			_, err = other.Exec("INSERT INTO rmqtx_consume_log (consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at)"+
-				" VALUES (?, ?, 'Created', ?, 'SUCCESS', 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))", p.Config().Group, id, envelope.Hash(m.Body))
+				" VALUES (?, ?, 'Created', ?, 'SUCCESS', 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))", p.Config().Group, id, wire.Hash(m.Body))
 			require.NoError(t, err)
 
 			pctx, cancel := context.WithTimeout(ctx, 60*time.Second)

@@ -13,19 +13,19 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // VersionMode selects the aggregate-version guard (I6).
@@ -238,6 +238,9 @@ func (c ProcessorConfig) validate() error {
 	if c.DB == nil {
 		return bad("DB is required")
 	}
+	if _, err := dialect.For(c.DB); err != nil {
+		return fmt.Errorf("%w: DB: %w", ErrConfig, err)
+	}
 	if len(c.Routes) == 0 {
 		return bad("Routes is empty")
 	}
@@ -320,6 +323,7 @@ type Stats struct {
 type Processor struct {
 	cfg   ProcessorConfig
 	db    *sqlx.DB
+	d     dialect.Dialect
 	t     tables
 	q     queries
 	cache *dedupCache // nil when disabled
@@ -332,8 +336,9 @@ type Processor struct {
 	// failed holds the ids this process saw fail (their attempt rows are
 	// deleted with their success or dedup hit).
 	failed *failedSet
-	// preRead is the index in isolationVars of the variable the storm
-	// pre-read names; preReadOff once it is disabled.
+	// preRead is the index in q.preRead of the statement the storm
+	// pre-read uses (one per isolation expression of the dialect); past the
+	// last, it is disabled.
 	preRead atomic.Int32
 	stats   struct {
 		applied, duplicates, conflicts, stale, gaps, retries, parked, ignored atomic.Int64
@@ -344,69 +349,74 @@ type Processor struct {
 
 type queries struct {
 	insertLog, selectLogHash, markStale, setResultRef                string
-	preRead                                                          [len(isolationVars)]string
+	preRead                                                          []string
 	selectAttemptIDs                                                 string
 	selectVersion, lockVersion, updateVersion                        string
 	upsertAttempt, selectAttempt, deleteAttempt, upsertDeadLetterSQL string
 }
 
 // NewProcessor validates cfg (after WithDefaults) and returns a Processor.
-// It does not touch the database; call Migrate first.
+// It does not touch the database: the tables must exist (schema.MigrateAll).
 func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	t, _ := newTables(cfg.TablePrefix)
-	p := &Processor{cfg: cfg, db: cfg.DB, t: t, cache: newDedupCache(cfg.DedupCacheSize), failed: newFailedSet(failedSetSize),
-		tr: otelx.New(cfg.TracerProvider)}
-	p.q = queries{
-		// On a duplicate key the row is locked and changed (the change is
-		// rolled back at once), so the statement reports 2 rows affected
-		// whatever clientFoundRows says, and LAST_INSERT_ID(expr) makes its
-		// insert id 1 when the stored hash is this one, 2 when not: a
-		// duplicate costs this one statement, not an error plus a SELECT.
-		insertLog: "INSERT INTO " + t.log + " (consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at)" +
-			" VALUES (?, ?, ?, ?, '" + StatusApplied + "', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
-			" ON DUPLICATE KEY UPDATE retry_count = retry_count + LAST_INSERT_ID(IF(request_hash = ?, " +
-			strconv.FormatInt(dupSameHash, 10) + ", " + strconv.FormatInt(dupOtherHash, 10) + "))",
-		// Read inside the dedup transaction, which holds the row's lock: a
-		// locking read returns the committed row whatever the isolation level.
-		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ? LOCK IN SHARE MODE",
-		markStale:     "UPDATE " + t.log + " SET status = '" + StatusStale + "' WHERE consumer_group = ? AND event_id = ?",
-		setResultRef:  "UPDATE " + t.log + " SET result_ref = ? WHERE consumer_group = ? AND event_id = ?",
-		selectVersion: "SELECT last_applied_version FROM " + t.version +
-			" WHERE consumer_group = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
-		lockVersion: "INSERT INTO " + t.version + " (consumer_group, aggregate_type, aggregate_id, last_applied_version, last_event_id, updated_at)" +
-			" VALUES (?, ?, ?, 0, '', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE last_applied_version = last_applied_version",
-		updateVersion: "UPDATE " + t.version + " SET last_applied_version = ?, last_event_id = ?, updated_at = UTC_TIMESTAMP(6)" +
-			" WHERE consumer_group = ? AND aggregate_type = ? AND aggregate_id = ?",
-		upsertAttempt: "INSERT INTO " + t.attempt + " (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)" +
-			" VALUES (?, ?, 1, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
-			" ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_class = ?, last_error = ?, updated_at = UTC_TIMESTAMP(6)",
-		selectAttempt:       "SELECT attempts FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
-		deleteAttempt:       "DELETE FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
-		selectAttemptIDs:    "SELECT event_id FROM " + t.attempt + " WHERE consumer_group = ? ORDER BY updated_at DESC LIMIT " + strconv.Itoa(failedSetSize),
-		upsertDeadLetterSQL: upsertDeadLetter(t.dead),
-	}
-	for i, v := range isolationVars {
-		p.q.preRead[i] = "SELECT request_hash AS h, @@SESSION." + v + " AS iso FROM " + t.log + " WHERE consumer_group = ? AND event_id = ?"
-	}
+	d := dialect.Must(cfg.DB) // validate checked it
+	p := &Processor{cfg: cfg, db: cfg.DB, d: d, t: t, q: newQueries(d, t), cache: newDedupCache(cfg.DedupCacheSize),
+		failed: newFailedSet(failedSetSize), batchQueries: batchSQL{d: d, log: t.log}, tr: otelx.New(cfg.TracerProvider)}
 	p.stmts = stmtcache.New(cfg.DB)
 	stmtcache.CloseWith(p, p.stmts)
 	return p, nil
 }
 
-// isolationVars name the session's isolation level: MySQL 8 and MariaDB
-// 11.1+ know the first, MariaDB before 11.1 only the second.
-var isolationVars = [...]string{"transaction_isolation", "tx_isolation"}
+// newQueries builds the processor's statements once, each passed through
+// the dialect's Rebind.
+func newQueries(d dialect.Dialect, t tables) queries {
+	now := d.Now()
+	q := queries{
+		// A duplicate costs this one statement, not an error plus a SELECT:
+		// on a duplicate key the existing row is locked and changed (the
+		// change is rolled back at once), and the statement yields
+		// dupSameHash when the stored hash is this one, dupOtherHash when not.
+		insertLog: d.UpsertReturning(t.log, "consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at",
+			"?, ?, ?, ?, '"+StatusApplied+"', ?, "+now+", "+now, "consumer_group, event_id",
+			"retry_count = retry_count + 1",
+			"CASE WHEN request_hash = ? THEN "+strconv.FormatInt(dupSameHash, 10)+" ELSE "+strconv.FormatInt(dupOtherHash, 10)+" END"),
+		// Read inside the dedup transaction, which holds the row's lock: a
+		// locking read returns the committed row whatever the isolation level.
+		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ? " + d.SharedLock(),
+		markStale:     "UPDATE " + t.log + " SET status = '" + StatusStale + "' WHERE consumer_group = ? AND event_id = ?",
+		setResultRef:  "UPDATE " + t.log + " SET result_ref = ? WHERE consumer_group = ? AND event_id = ?",
+		selectVersion: "SELECT last_applied_version FROM " + t.version +
+			" WHERE consumer_group = ? AND aggregate_type = ? AND aggregate_id = ? FOR UPDATE",
+		lockVersion: d.Upsert(t.version, "consumer_group, aggregate_type, aggregate_id, last_applied_version, last_event_id, updated_at",
+			"?, ?, ?, 0, '', "+now, "consumer_group, aggregate_type, aggregate_id", "last_applied_version = last_applied_version"),
+		updateVersion: "UPDATE " + t.version + " SET last_applied_version = ?, last_event_id = ?, updated_at = " + now +
+			" WHERE consumer_group = ? AND aggregate_type = ? AND aggregate_id = ?",
+		upsertAttempt: d.Upsert(t.attempt, "consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at",
+			"?, ?, 1, ?, ?, "+now+", "+now, "consumer_group, event_id",
+			"attempts = attempts + 1, last_class = "+d.Excluded("last_class")+", last_error = "+d.Excluded("last_error")+", updated_at = "+now),
+		selectAttempt:       "SELECT attempts FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
+		deleteAttempt:       "DELETE FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
+		selectAttemptIDs:    "SELECT event_id FROM " + t.attempt + " WHERE consumer_group = ? ORDER BY updated_at DESC LIMIT " + strconv.Itoa(failedSetSize),
+		upsertDeadLetterSQL: upsertDeadLetter(d, t.dead),
+	}
+	for _, iso := range d.IsolationExprs() {
+		q.preRead = append(q.preRead, "SELECT request_hash AS h, "+iso+" AS iso FROM "+t.log+" WHERE consumer_group = ? AND event_id = ?")
+	}
+	for _, s := range []*string{&q.insertLog, &q.selectLogHash, &q.markStale, &q.setResultRef, &q.selectAttemptIDs,
+		&q.selectVersion, &q.lockVersion, &q.updateVersion, &q.upsertAttempt, &q.selectAttempt, &q.deleteAttempt, &q.upsertDeadLetterSQL} {
+		*s = d.Rebind(*s)
+	}
+	for i := range q.preRead {
+		q.preRead[i] = d.Rebind(q.preRead[i])
+	}
+	return q
+}
 
-const (
-	preReadOff               = int32(len(isolationVars))
-	errUnknownSystemVariable = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE
-)
-
-// Insert ids of insertLog on a duplicate key (see NewProcessor).
+// Values insertLog yields on a duplicate key (see newQueries).
 const (
 	dupSameHash  int64 = 1
 	dupOtherHash int64 = 2
@@ -420,9 +430,6 @@ const (
 
 // Config returns the processor's configuration with defaults applied.
 func (p *Processor) Config() ProcessorConfig { return p.cfg }
-
-// Migrate creates the consumer tables under the processor's prefix.
-func (p *Processor) Migrate(ctx context.Context) error { return Migrate(ctx, p.db, p.cfg.TablePrefix) }
 
 // DedupCacheStats returns a snapshot of the dedup cache's size and hits.
 func (p *Processor) DedupCacheStats() DedupCacheStats { return p.cache.stats() }
@@ -453,35 +460,67 @@ func (p *Processor) loadFailed(ctx context.Context) error {
 }
 
 // DeadLetters returns a store over this processor's dead-letter table.
-func (p *Processor) DeadLetters() *DeadLetterStore { return &DeadLetterStore{db: p.db, t: p.t} }
+func (p *Processor) DeadLetters() *DeadLetterStore { return &DeadLetterStore{db: p.db, t: p.t, d: p.d} }
 
-// process is Process without its span (see tracing.go).
+// Process handles one message: decode, dedup, guard, handle, commit - or
+// classify the failure and retry or park. The caller ACKs the message only
+// when the outcome's Ack() is true; by then everything is committed.
+//
+// With ProcessorConfig.TracerProvider it is a consume span, a child of the
+// trace context the message carries, and the handler's ctx holds it.
+func (p *Processor) Process(ctx context.Context, m Message) Outcome {
+	ctx, sp := p.startConsumeSpan(ctx, m)
+	o := p.process(ctx, m)
+	endConsumeSpan(sp, o)
+	return o
+}
+
+// process is Process without its span.
 func (p *Processor) process(ctx context.Context, m Message) Outcome {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ProcessTimeout)
 	defer cancel()
+	it, out, ok := p.check(ctx, m)
+	if !ok {
+		return out
+	}
+	return p.apply(ctx, it)
+}
 
+// item is a message that passed check: its event and route, and its place
+// in a batch (ProcessBatch). The transaction steps work on items.
+type item struct {
+	idx   int
+	m     Message
+	ev    Event
+	route Route
+}
+
+// check runs what needs no transaction: decoding (or adoption), the
+// declared payload hash, the route and Validate. It returns the item to
+// apply, or the outcome a check decided (parked, ignored, retried) and false.
+func (p *Processor) check(ctx context.Context, m Message) (item, Outcome, bool) {
 	m, env, err := p.decode(m) // the wire format, or an adopted identity (adopt.go)
 	if err != nil {
 		ev := malformedEvent(m)
-		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: %w", ErrMalformed, err), "", 0)
+		return item{}, p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: %w", ErrMalformed, err), "", 0), false
 	}
 	ev := Event{
 		ID: env.EventID, Type: env.EventType, Version: env.EventVersion,
 		AggregateType: env.AggregateType, AggregateID: env.AggregateID, AggregateVersion: env.AggregateVersion,
 		BusinessKey: env.BusinessKey, Headers: env.Headers, Payload: m.Body,
-		PayloadHash: envelope.Hash(m.Body), Delivery: m.Delivery,
+		PayloadHash: wire.Hash(m.Body), Delivery: m.Delivery,
 	}
-	if declared := m.Properties[envelope.PropPayloadHash]; declared != "" && envelope.NormalizeHash(declared) != ev.PayloadHash {
-		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: payload hash %s does not match the declared %s", ErrMalformed, ev.PayloadHash, clip(declared, 64)), "", 0)
+	if declared := m.Properties[wire.PropPayloadHash]; declared != "" && wire.NormalizeHash(declared) != ev.PayloadHash {
+		return item{}, p.park(ctx, m, ev, ClassData, fmt.Errorf("%w: payload hash %s does not match the declared %s", ErrMalformed, ev.PayloadHash, clip(declared, 64)), "", 0), false
 	}
 	route, ok := p.cfg.Routes[ev.Type]
 	if !ok {
 		if p.cfg.UnknownType == UnknownIgnore {
 			p.stats.ignored.Add(1)
 			p.count(ev, ResultIgnored)
-			return Outcome{Result: ResultIgnored, EventID: ev.ID}
+			return item{}, Outcome{Result: ResultIgnored, EventID: ev.ID}, false
 		}
-		return p.park(ctx, m, ev, ClassData, fmt.Errorf("%w %q", ErrUnknownEventType, ev.Type), "", 0)
+		return item{}, p.park(ctx, m, ev, ClassData, fmt.Errorf("%w %q", ErrUnknownEventType, ev.Type), "", 0), false
 	}
 	if route.Validate != nil {
 		if err := callValidate(route.Validate, ev); err != nil {
@@ -489,20 +528,19 @@ func (p *Processor) process(ctx context.Context, m Message) Outcome {
 			if c == ClassUnknown {
 				c = ClassData
 			}
-			return p.fail(ctx, m, ev, c, err)
+			return item{}, p.fail(ctx, m, ev, c, err), false
 		}
 	}
-	return p.apply(ctx, m, ev, route)
+	return item{m: m, ev: ev, route: route}, Outcome{}, true
 }
 
-func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route) Outcome {
-	if out, ok := collect(ctx, m, ev, route); ok {
-		return out // ProcessBatch applies it in the batch's transaction (batch.go)
-	}
-	g := p.cfg.Group
-	// 0. A redelivery of an event this processor saw committed, with the same
-	// hash: a dedup hit without the database. Anything else (a miss, another
-	// hash) takes the transaction below.
+// apply runs one checked event alone. A redelivery this processor saw
+// committed, with the same hash, is a dedup hit without the database; so,
+// during a duplicate storm, is one whose committed dedup row a point read
+// finds. Anything else takes its own transaction (applyTx), and the result
+// step turns what the transaction decided into the outcome.
+func (p *Processor) apply(ctx context.Context, it item) Outcome {
+	ev := it.ev
 	if p.cache.hit(ev.ID, ev.PayloadHash) {
 		return p.duplicate(ctx, ev)
 	}
@@ -516,138 +554,243 @@ func (p *Processor) apply(ctx context.Context, m Message, ev Event, route Route)
 		p.cache.add(ev.ID, ev.PayloadHash)
 		return p.duplicate(ctx, ev)
 	}
+	return p.result(ctx, it, p.applyTx(ctx, it))
+}
+
+// applyTx is one event's transaction: the dedup step, then the event's
+// steps, then COMMIT when they applied the event or skipped it as stale.
+// The transaction has ended (committed or rolled back) when applyTx
+// returns, so the result step's writes on other connections never wait on
+// its locks.
+func (p *Processor) applyTx(ctx context.Context, it item) decision {
 	tx, err := p.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: begin: %w", err))
+		return failed(ClassTransient, fmt.Errorf("consumer: begin: %w", err))
 	}
-	done := false
-	rollback := func() {
-		if !done {
-			done = true
-			_ = tx.Rollback()
-		}
-	}
-	defer rollback()
-
-	// 1. The dedup row, first and in one statement: a concurrent delivery of
-	// the same event blocks here on the row lock until this tx ends. On a
-	// duplicate key the statement locks the existing (committed) row and
-	// says whether its hash is ours.
-	res, err := p.stmts.TxExec(ctx, tx, p.q.insertLog, g, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes, ev.PayloadHash)
+	defer func() { _ = tx.Rollback() }() // after the commit: a no-op
+	d, err := p.dedupStep(ctx, tx, it.ev)
 	if err != nil {
-		rollback()
-		return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: insert consume log: %w", err))
+		return failed(ClassTransient, err)
 	}
-	dup, existing, err := p.dedupResult(ctx, tx, res, ev)
-	if err == nil {
-		p.dups.record(dup)
+	if d.state == evNew {
+		d = p.eventSteps(ctx, tx, it)
 	}
-	if err != nil || dup {
-		rollback()
-		switch {
-		case err != nil:
-			return p.fail(ctx, m, ev, ClassTransient, err)
-		case existing == ev.PayloadHash:
-			p.cache.add(ev.ID, existing) // the row we locked is committed
-			return p.duplicate(ctx, ev)
+	if d.state == evApplied || d.state == evStale {
+		// A commit error is ambiguous; the redelivery finds out (a dedup
+		// hit if it did commit).
+		if err := p.commit(tx); err != nil {
+			return failed(ClassTransient, err)
 		}
-		err := fmt.Errorf("%w: event %s applied with payload hash %s, redelivered with %s", ErrConflict, ev.ID, existing, ev.PayloadHash)
-		return p.park(ctx, m, ev, ClassConflict, err, existing, 0)
 	}
+	return d
+}
 
-	// 2. The version guard.
-	mode := route.Version
+// eventState is where one event stands in its transaction.
+type eventState int
+
+const (
+	evNew       eventState = iota // dedup row inserted by this transaction: the event's steps run next
+	evDuplicate                   // dedup row existed (its hash in decision.existing)
+	evApplied                     // handler ran; the effect is in the transaction
+	evStale                       // older version, marked stale in the transaction
+	evFailed                      // the event failed; decision.class and err say why
+)
+
+// decision is what the transaction steps decided for one event; the
+// result step (result) turns it into the Outcome once the transaction has
+// ended. Single and batch mode share both.
+type decision struct {
+	state    eventState
+	existing string // evDuplicate: the stored payload hash
+	class    Class  // evFailed
+	err      error  // evFailed
+	gap      bool   // evFailed by a strict version gap
+}
+
+func failed(c Class, err error) decision { return decision{state: evFailed, class: c, err: err} }
+
+// dedupStep inserts ev's dedup row, first in the transaction and in one
+// statement: a concurrent delivery of the same event blocks on the row's
+// lock until this transaction ends. On a duplicate key the statement locks
+// the existing (committed) row and says whether its hash is ours; only
+// another hash costs one more statement, a locking read of the stored one.
+// An error is the transaction's (the caller fails the event or the batch).
+func (p *Processor) dedupStep(ctx context.Context, tx *sqlx.Tx, ev Event) (decision, error) {
+	inserted, v, err := p.d.ExecReturning(ctx, cached{p.stmts, tx}, p.q.insertLog,
+		p.cfg.Group, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes, ev.PayloadHash)
+	if err != nil {
+		return decision{}, fmt.Errorf("consumer: insert consume log: %w", err)
+	}
+	d := decision{state: evNew}
+	switch {
+	case inserted:
+	case v == dupSameHash:
+		d = decision{state: evDuplicate, existing: ev.PayloadHash}
+	default:
+		d.state = evDuplicate
+		if err := p.stmts.TxGet(ctx, tx, &d.existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
+			return decision{}, fmt.Errorf("consumer: read consume log: %w", err)
+		}
+	}
+	p.dups.record(!inserted)
+	return d, nil
+}
+
+// eventSteps runs the steps of an event whose dedup row this transaction
+// inserted: the version guard, then the handler. A failure is the event's
+// own (evFailed); the caller undoes what the steps wrote, by a rollback of
+// the transaction or, in a batch, of the event's savepoint.
+func (p *Processor) eventSteps(ctx context.Context, tx *sqlx.Tx, it item) decision {
+	if d := p.guardStep(ctx, tx, it); d.state != evNew {
+		return d
+	}
+	return p.handlerStep(ctx, tx, it)
+}
+
+// guardStep is the aggregate-version guard (I6). It locks the aggregate's
+// version row, decides, and moves the version forward when the event
+// applies (evNew: go on to the handler). A stale event is recorded STALE
+// with its attempts cleared (evStale); a strict gap fails with class Wait.
+// Two events of one aggregate serialize on that row. The row is created (or
+// locked, if it exists) by one upsert that takes the exclusive lock at
+// once: SELECT-then-INSERT would deadlock when several first events of one
+// aggregate race (shared locks on the duplicate key, then each asks for an
+// exclusive one). Version 0 means "none applied".
+func (p *Processor) guardStep(ctx context.Context, tx *sqlx.Tx, it item) decision {
+	ev, g := it.ev, p.cfg.Group
+	mode := it.route.Version
 	if mode == VersionInherit {
 		mode = p.cfg.VersionMode
 	}
-	if mode != VersionNone && ev.AggregateType != "" && ev.AggregateVersion > 0 {
-		v, err := p.guard(ctx, tx, ev, mode)
-		if err != nil {
-			rollback()
-			return p.fail(ctx, m, ev, ClassTransient, err)
+	if mode == VersionNone || ev.AggregateType == "" || ev.AggregateVersion <= 0 {
+		return decision{state: evNew}
+	}
+	if _, err := p.stmts.TxExec(ctx, tx, p.q.lockVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
+		return failed(ClassTransient, fmt.Errorf("consumer: lock aggregate version: %w", err))
+	}
+	var last int64
+	if err := p.stmts.TxGet(ctx, tx, &last, p.q.selectVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
+		return failed(ClassTransient, fmt.Errorf("consumer: read aggregate version: %w", err))
+	}
+	v := ev.AggregateVersion
+	var stale, gap bool
+	switch {
+	case mode == VersionStrict && last == 0:
+		stale, gap = v < p.cfg.StrictFirstVersion, v > p.cfg.StrictFirstVersion
+	case v <= last:
+		stale = true
+	case mode == VersionStrict && v != last+1:
+		gap = true
+	}
+	switch {
+	case stale:
+		if _, err := p.stmts.TxExec(ctx, tx, p.q.markStale, g, ev.ID); err != nil {
+			return failed(ClassTransient, fmt.Errorf("consumer: mark stale: %w", err))
 		}
-		switch v {
-		case verdictStale:
-			if _, err := p.stmts.TxExec(ctx, tx, p.q.markStale, g, ev.ID); err != nil {
-				rollback()
-				return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: mark stale: %w", err))
-			}
-			if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
-				rollback()
-				return p.fail(ctx, m, ev, ClassTransient, err)
-			}
-			if err := p.commit(tx, &done); err != nil {
-				return p.fail(ctx, m, ev, ClassTransient, err)
-			}
-			p.failed.remove(ev.ID)
-			p.cache.add(ev.ID, ev.PayloadHash)
-			p.stats.stale.Add(1)
-			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerStale }, g, p.typeLabel(ev))
-			p.count(ev, ResultStale)
-			p.cfg.Logger.WithFields(p.fields(ev)).Debug("consumer: stale aggregate version skipped")
-			return Outcome{Result: ResultStale, EventID: ev.ID}
-		case verdictGap:
-			rollback()
-			p.stats.gaps.Add(1)
-			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerGaps }, g, p.typeLabel(ev))
-			return p.fail(ctx, m, ev, ClassWait, fmt.Errorf("%w: %s/%s version %d", ErrVersionGap, ev.AggregateType, ev.AggregateID, ev.AggregateVersion))
+		if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
+			return failed(ClassTransient, err)
 		}
+		return decision{state: evStale}
+	case gap:
+		d := failed(ClassWait, fmt.Errorf("%w: %s/%s version %d", ErrVersionGap, ev.AggregateType, ev.AggregateID, v))
+		d.gap = true
+		return d
 	}
-
-	// 3. The handler, in the same transaction.
-	ref := &resultRef{}
-	if err := callHandler(context.WithValue(ctx, resultRefKey{}, ref), route.Handler, tx, ev); err != nil {
-		rollback()
-		return p.fail(ctx, m, ev, ClassOf(err), err)
+	if _, err := p.stmts.TxExec(ctx, tx, p.q.updateVersion, v, ev.ID, g, ev.AggregateType, ev.AggregateID); err != nil {
+		return failed(ClassTransient, fmt.Errorf("consumer: update aggregate version: %w", err))
 	}
-	if ref.ref != "" {
-		if _, err := p.stmts.TxExec(ctx, tx, p.q.setResultRef, ref.ref, g, ev.ID); err != nil {
-			rollback()
-			return p.fail(ctx, m, ev, ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
-		}
-	}
-	if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
-		rollback()
-		return p.fail(ctx, m, ev, ClassTransient, err)
-	}
-	// 4. Commit. A commit error is ambiguous; the redelivery finds out (a
-	// dedup hit if it did commit).
-	if err := p.commit(tx, &done); err != nil {
-		return p.fail(ctx, m, ev, ClassTransient, err)
-	}
-	failpoint.Inject(failpoint.AfterConsumeCommit)
-	p.failed.remove(ev.ID)
-	p.cache.add(ev.ID, ev.PayloadHash) // only now: the effect is committed
-	p.stats.applied.Add(1)
-	p.count(ev, ResultApplied)
-	if p.cfg.Metrics != nil && !ev.Delivery.StoredAt.IsZero() {
-		p.cfg.Metrics.ConsumerLag.WithLabelValues(g).Observe(time.Since(ev.Delivery.StoredAt).Seconds())
-	}
-	return Outcome{Result: ResultApplied, EventID: ev.ID}
+	return decision{state: evNew}
 }
 
-// dedupResult reads the outcome of insertLog: 1 row affected is a new dedup
-// row; 2 is an existing one, whose hash the insert id tells (dupSameHash) or,
-// if not, a read of the locked row in the same transaction returns.
-func (p *Processor) dedupResult(ctx context.Context, tx *sqlx.Tx, res sql.Result, ev Event) (dup bool, existing string, err error) {
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, "", fmt.Errorf("consumer: insert consume log: %w", err)
+// handlerStep runs the route's handler in the transaction, then records
+// the result reference it set and clears the event's attempts, so the
+// bookkeeping of earlier failures commits with the success, atomically.
+func (p *Processor) handlerStep(ctx context.Context, tx *sqlx.Tx, it item) decision {
+	ref := &resultRef{}
+	if err := callHandler(context.WithValue(ctx, resultRefKey{}, ref), it.route.Handler, tx, it.ev); err != nil {
+		return failed(ClassOf(err), err)
 	}
-	switch n {
-	case 1:
-		return false, "", nil
-	case 2:
-	default:
-		return false, "", fmt.Errorf("consumer: insert consume log: %d rows affected", n)
+	if ref.ref != "" {
+		if _, err := p.stmts.TxExec(ctx, tx, p.q.setResultRef, ref.ref, p.cfg.Group, it.ev.ID); err != nil {
+			return failed(ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
+		}
 	}
-	if id, err := res.LastInsertId(); err == nil && id == dupSameHash {
-		return true, ev.PayloadHash, nil
+	if err := p.clearAttemptsTx(ctx, tx, it.ev); err != nil {
+		return failed(ClassTransient, err)
 	}
-	if err := p.stmts.TxGet(ctx, tx, &existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
-		return false, "", fmt.Errorf("consumer: read consume log: %w", err)
+	return decision{state: evApplied}
+}
+
+// commit commits the transaction of one event or one batch.
+func (p *Processor) commit(tx *sqlx.Tx) error {
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("consumer: commit: %w", err)
 	}
-	return true, existing, nil
+	failpoint.Inject(failpoint.AfterConsumeCommit)
+	return nil
+}
+
+// result is the last step, after the transaction has ended: it turns what
+// the transaction decided for it.ev into the outcome, with what must follow
+// a commit (the cache, the counters) or a rollback (the dedup hit, the
+// conflict's dead letter, the failed attempt's retry or park).
+func (p *Processor) result(ctx context.Context, it item, d decision) Outcome {
+	ev, g := it.ev, p.cfg.Group
+	switch d.state {
+	case evApplied:
+		p.failed.remove(ev.ID)
+		p.cache.add(ev.ID, ev.PayloadHash) // only now: the effect is committed
+		p.stats.applied.Add(1)
+		p.count(ev, ResultApplied)
+		if p.cfg.Metrics != nil && !ev.Delivery.StoredAt.IsZero() {
+			p.cfg.Metrics.ConsumerLag.WithLabelValues(g).Observe(time.Since(ev.Delivery.StoredAt).Seconds())
+		}
+		return Outcome{Result: ResultApplied, EventID: ev.ID}
+	case evStale:
+		p.failed.remove(ev.ID)
+		p.cache.add(ev.ID, ev.PayloadHash)
+		p.stats.stale.Add(1)
+		metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerStale }, g, p.typeLabel(ev))
+		p.count(ev, ResultStale)
+		p.cfg.Logger.WithFields(p.fields(ev)).Debug("consumer: stale aggregate version skipped")
+		return Outcome{Result: ResultStale, EventID: ev.ID}
+	case evDuplicate:
+		if d.existing == ev.PayloadHash {
+			p.cache.add(ev.ID, d.existing) // the row we locked is committed
+			return p.duplicate(ctx, ev)
+		}
+		err := fmt.Errorf("%w: event %s applied with payload hash %s, redelivered with %s", ErrConflict, ev.ID, d.existing, ev.PayloadHash)
+		return p.park(ctx, it.m, ev, ClassConflict, err, d.existing, 0)
+	case evFailed:
+		if d.gap {
+			p.stats.gaps.Add(1)
+			metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerGaps }, g, p.typeLabel(ev))
+		}
+		return p.fail(ctx, it.m, ev, d.class, d.err)
+	}
+	// evNew never leaves the transaction steps; fail safe if it does.
+	return p.fail(ctx, it.m, ev, ClassTransient, fmt.Errorf("consumer: event %s left undecided", ev.ID))
+}
+
+// cached runs statements on tx (on the database when tx is nil) through
+// the processor's prepared statements, for the dialect's ExecReturning.
+type cached struct {
+	c  *stmtcache.Cache
+	tx *sqlx.Tx
+}
+
+func (r cached) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if r.tx == nil {
+		return r.c.Exec(ctx, query, args...)
+	}
+	return r.c.TxExec(ctx, r.tx, query, args...)
+}
+
+func (r cached) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
+	if r.tx == nil {
+		return r.c.DB().QueryRowxContext(ctx, query, args...)
+	}
+	return r.tx.QueryRowxContext(ctx, query, args...)
 }
 
 // mayHaveAttempts reports whether ev's event may have an attempt row, so
@@ -684,10 +827,12 @@ func (p *Processor) clearAttemptsTx(ctx context.Context, tx *sqlx.Tx, ev Event) 
 // rolls back. So the same statement reads the session's isolation level, and
 // at READ UNCOMMITTED the answer is not trusted and the pre-read is turned
 // off for good (the transaction path, whose INSERT waits on the row lock,
-// decides). A server that knows neither isolation variable turns it off too.
+// decides). A server that knows none of the dialect's isolation
+// expressions turns it off too.
 func (p *Processor) preReadHit(ctx context.Context, ev Event) bool {
 	i := p.preRead.Load()
-	if i >= preReadOff {
+	off := int32(len(p.q.preRead))
+	if i >= off {
 		return false
 	}
 	var r struct {
@@ -695,15 +840,14 @@ func (p *Processor) preReadHit(ctx context.Context, ev Event) bool {
 		Isolation string `db:"iso"`
 	}
 	err := p.stmts.Get(ctx, &r, p.q.preRead[i], p.cfg.Group, ev.ID)
-	var me *mysql.MySQLError
 	switch {
-	case errors.As(err, &me) && me.Number == errUnknownSystemVariable:
+	case err != nil && p.d.IsUnknownVariable(err):
 		p.preRead.CompareAndSwap(i, i+1)
 		return false
 	case err != nil:
 		return false
-	case strings.EqualFold(r.Isolation, "READ-UNCOMMITTED"):
-		if p.preRead.Swap(preReadOff) != preReadOff {
+	case p.d.ReadUncommitted(r.Isolation):
+		if p.preRead.Swap(off) != off {
 			p.cfg.Logger.WithField("consumer_group", p.cfg.Group).
 				Debug("consumer: sessions run at READ UNCOMMITTED; the duplicate-storm pre-read is off")
 		}
@@ -734,56 +878,6 @@ func (p *Processor) duplicate(ctx context.Context, ev Event) Outcome {
 	return Outcome{Result: ResultDuplicate, EventID: ev.ID}
 }
 
-func (p *Processor) commit(tx *sqlx.Tx, done *bool) error {
-	*done = true
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("consumer: commit: %w", err)
-	}
-	return nil
-}
-
-type verdict int
-
-const (
-	verdictApply verdict = iota
-	verdictStale
-	verdictGap
-)
-
-// guard locks the aggregate's version row, decides, and moves the version
-// forward when the event applies. Two events of one aggregate serialize on
-// that row. The row is created (or locked, if it exists) by one upsert that
-// takes the exclusive lock at once: SELECT-then-INSERT would deadlock when
-// several first events of one aggregate race (shared locks on the duplicate
-// key, then each asks for an exclusive one). Version 0 means "none applied".
-func (p *Processor) guard(ctx context.Context, tx *sqlx.Tx, ev Event, mode VersionMode) (verdict, error) {
-	g, v := p.cfg.Group, ev.AggregateVersion
-	if _, err := p.stmts.TxExec(ctx, tx, p.q.lockVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
-		return 0, fmt.Errorf("consumer: lock aggregate version: %w", err)
-	}
-	var last int64
-	if err := p.stmts.TxGet(ctx, tx, &last, p.q.selectVersion, g, ev.AggregateType, ev.AggregateID); err != nil {
-		return 0, fmt.Errorf("consumer: read aggregate version: %w", err)
-	}
-	switch {
-	case mode == VersionStrict && last == 0:
-		if v < p.cfg.StrictFirstVersion {
-			return verdictStale, nil
-		}
-		if v > p.cfg.StrictFirstVersion {
-			return verdictGap, nil
-		}
-	case v <= last:
-		return verdictStale, nil
-	case mode == VersionStrict && v != last+1:
-		return verdictGap, nil
-	}
-	if _, err := p.stmts.TxExec(ctx, tx, p.q.updateVersion, v, ev.ID, g, ev.AggregateType, ev.AggregateID); err != nil {
-		return 0, fmt.Errorf("consumer: update aggregate version: %w", err)
-	}
-	return verdictApply, nil
-}
-
 // bookkeeping gives retry and park writes their own deadline: they must run
 // even when the message's context has expired.
 func bookkeeping(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -799,7 +893,7 @@ func (p *Processor) fail(ctx context.Context, m Message, ev Event, c Class, err 
 	defer cancel()
 	text := clip(p.cfg.RedactText(err.Error()), 2000)
 	attempts := ev.Delivery.ReconsumeTimes + 1
-	_, rerr := p.stmts.Exec(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text, string(c), text)
+	_, rerr := p.stmts.Exec(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text)
 	p.failed.add(ev.ID) // even on an error: the row may have been written
 	if rerr == nil {
 		rerr = p.stmts.Get(bctx, &attempts, p.q.selectAttempt, p.cfg.Group, ev.ID)
@@ -843,20 +937,10 @@ func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, caus
 	}
 	text := clip(p.cfg.RedactText(cause.Error()), 8000)
 	d := m.Delivery
-	args := []any{
-		// INSERT values
+	_, id, err := p.d.ExecReturning(bctx, cached{c: p.stmts}, p.q.upsertDeadLetterSQL,
 		p.cfg.Group, clip(d.Topic, 255), d.QueueID, d.QueueOffset, clip(d.MsgID, 128), clip(ev.ID, 128),
 		clip(ev.Type, 128), clip(ev.BusinessKey, 128), string(c), text, payload, redacted,
-		ev.PayloadHash, existing, string(props), d.ReconsumeTimes,
-		// ON DUPLICATE KEY UPDATE values
-		clip(d.Topic, 255), d.QueueID, d.QueueOffset, clip(d.MsgID, 128), string(c), text, payload, redacted,
-		existing, string(props), d.ReconsumeTimes,
-	}
-	res, err := p.stmts.Exec(bctx, p.q.upsertDeadLetterSQL, args...)
-	var id int64
-	if err == nil {
-		id, err = res.LastInsertId()
-	}
+		ev.PayloadHash, existing, string(props), d.ReconsumeTimes)
 	if err != nil {
 		p.cfg.Logger.WithFields(p.fields(ev)).WithError(err).Error("consumer: cannot park a message; it will be redelivered")
 		p.stats.retries.Add(1)
@@ -884,15 +968,26 @@ func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, caus
 	return Outcome{Result: result, EventID: ev.ID, Class: c, Err: cause, Attempt: attempts, DeadLetterID: id}
 }
 
-func upsertDeadLetter(table string) string {
-	return "INSERT INTO " + table + " (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key," +
-		" error_class, error_text, payload, payload_redacted, request_hash, existing_hash, properties, reconsume_times," +
-		" park_count, status, first_seen_at, last_seen_at)" +
-		" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, '" + DeadLetterParked + "', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" +
-		" ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), topic = ?, queue_id = ?, queue_offset = ?, msg_id = ?," +
-		" error_class = ?, error_text = ?, payload = ?, payload_redacted = ?, existing_hash = ?, properties = ?," +
-		" reconsume_times = ?, park_count = park_count + 1," +
-		" status = IF(status = '" + DeadLetterDiscarded + "', status, '" + DeadLetterParked + "'), last_seen_at = UTC_TIMESTAMP(6)"
+// upsertDeadLetter parks a message: a new row, or, for the same message
+// parked again (group, event id, payload hash), the existing row updated
+// with the latest delivery and error, its park count raised, and a
+// discarded one kept discarded. Either way the statement yields the row's
+// id.
+func upsertDeadLetter(d dialect.Dialect, table string) string {
+	set := []string{}
+	for _, c := range []string{"topic", "queue_id", "queue_offset", "msg_id", "error_class", "error_text", "payload",
+		"payload_redacted", "existing_hash", "properties", "reconsume_times"} {
+		set = append(set, c+" = "+d.Excluded(c))
+	}
+	set = append(set, "park_count = park_count + 1",
+		"status = CASE WHEN status = '"+DeadLetterDiscarded+"' THEN status ELSE '"+DeadLetterParked+"' END",
+		"last_seen_at = "+d.Now())
+	return d.UpsertReturning(table,
+		"consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key,"+
+			" error_class, error_text, payload, payload_redacted, request_hash, existing_hash, properties, reconsume_times,"+
+			" park_count, status, first_seen_at, last_seen_at",
+		"?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, '"+DeadLetterParked+"', "+d.Now()+", "+d.Now(),
+		"consumer_group, event_id, request_hash", strings.Join(set, ", "), "id")
 }
 
 // replayProperties keeps what a replay needs to re-publish the message with
@@ -903,7 +998,7 @@ func replayProperties(props map[string]string) map[string]string {
 	for k, v := range props {
 		switch {
 		case k == propReconsume:
-		case strings.HasPrefix(k, "RMQTX_"), strings.HasPrefix(k, envelope.HeaderPrefix), k == "KEYS", k == "TAGS",
+		case strings.HasPrefix(k, "RMQTX_"), strings.HasPrefix(k, wire.HeaderPrefix), k == "KEYS", k == "TAGS",
 			k == otelx.PropTraceparent, k == otelx.PropTracestate:
 			out[k] = v
 		}
@@ -914,20 +1009,20 @@ func replayProperties(props map[string]string) map[string]string {
 // malformedEvent builds what can be known of a message whose envelope does
 // not decode, for the dead letter. Its id falls back to "msgid:<msg id>".
 func malformedEvent(m Message) Event {
-	id := m.Properties[envelope.PropEventID]
-	if id == "" || len(id) > envelope.MaxIDLen || !utf8.ValidString(id) {
+	id := m.Properties[wire.PropEventID]
+	if id == "" || len(id) > wire.MaxIDLen || !utf8.ValidString(id) {
 		msgID := m.Delivery.MsgID
 		if msgID == "" {
-			msgID = envelope.Hash(m.Body)[:32]
+			msgID = wire.Hash(m.Body)[:32]
 		}
 		id = "msgid:" + msgID
 	}
 	return Event{
 		ID:          id,
-		Type:        m.Properties[envelope.PropEventType],
-		BusinessKey: m.Properties[envelope.PropBusinessKey],
+		Type:        m.Properties[wire.PropEventType],
+		BusinessKey: m.Properties[wire.PropBusinessKey],
 		Payload:     m.Body,
-		PayloadHash: envelope.Hash(m.Body),
+		PayloadHash: wire.Hash(m.Body),
 		Delivery:    m.Delivery,
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func newProc(t *testing.T, db *sqlx.DB, mut func(c *ProcessorConfig)) *Processor {
@@ -36,7 +36,7 @@ func TestProcessDedupAndConflict(t *testing.T) {
 	db := setupDB(t)
 	p := newProc(t, db, nil)
 	ctx := context.Background()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), `{"a":1}`)).Result)
 	for range 3 {
@@ -53,10 +53,10 @@ func TestProcessDedupAndConflict(t *testing.T) {
 	dl, err := p.DeadLetters().Get(ctx, c.DeadLetterID)
 	require.NoError(t, err)
 	require.Equal(t, ClassConflict, dl.ErrorClass)
-	require.Equal(t, envelope.Hash([]byte(`{"a":2}`)), dl.RequestHash)
-	require.Equal(t, envelope.Hash([]byte(`{"a":1}`)), dl.ExistingHash)
+	require.Equal(t, wire.Hash([]byte(`{"a":2}`)), dl.RequestHash)
+	require.Equal(t, wire.Hash([]byte(`{"a":1}`)), dl.ExistingHash)
 	require.Equal(t, DeadLetterParked, dl.Status)
-	require.Equal(t, id, dl.Properties[envelope.PropEventID], "properties keep the original id for a replay")
+	require.Equal(t, id, dl.Properties[wire.PropEventID], "properties keep the original id for a replay")
 
 	// The same conflicting message again updates the same dead letter.
 	c2 := p.Process(ctx, msg(ev(id, "Created"), `{"a":2}`))
@@ -82,7 +82,7 @@ func TestProcessConcurrentDeliveriesOneEffect(t *testing.T) {
 	const events, copies = 30, 6
 	var wg sync.WaitGroup
 	for i := range events {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		for c := range copies {
 			p := p1
 			if c%2 == 1 {
@@ -120,7 +120,7 @@ func TestProcessHandlerErrorLeavesNoDedupRow(t *testing.T) {
 		}}
 	})
 	ctx := context.Background()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	m := msg(ev(id, "Created"), "x")
 	o := p.Process(ctx, m)
 	require.Equal(t, ResultRetry, o.Result)
@@ -153,7 +153,7 @@ func TestProcessRetryLimitParks(t *testing.T) {
 		}}
 	})
 	ctx := context.Background()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	m := msg(ev(id, "Created"), "x")
 	for i := 1; i <= 2; i++ {
 		o := p.Process(ctx, m)
@@ -173,7 +173,7 @@ func TestProcessRetryLimitParks(t *testing.T) {
 	require.Equal(t, 2, dl.ReconsumeTimes)
 	require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt WHERE event_id = ?", id))
 
-	w := msg(ev(envelope.NewEventID(), "Waiting"), "y")
+	w := msg(ev(wire.NewEventID(), "Waiting"), "y")
 	require.Equal(t, ResultRetry, p.Process(ctx, w).Result)
 	ow := p.Process(ctx, w)
 	require.Equal(t, ResultParked, ow.Result)
@@ -204,16 +204,16 @@ func TestProcessPermanentFailures(t *testing.T) {
 	})
 	ctx := context.Background()
 
-	o := p.Process(ctx, msg(ev(envelope.NewEventID(), "Rejected"), "x"))
+	o := p.Process(ctx, msg(ev(wire.NewEventID(), "Rejected"), "x"))
 	require.Equal(t, ResultParked, o.Result)
 	require.Equal(t, ClassPermanent, o.Class)
 
-	o = p.Process(ctx, msg(ev(envelope.NewEventID(), "JSON"), "{not json"))
+	o = p.Process(ctx, msg(ev(wire.NewEventID(), "JSON"), "{not json"))
 	require.Equal(t, ResultParked, o.Result)
 	require.Equal(t, ClassData, o.Class)
-	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(envelope.NewEventID(), "JSON"), `{"ok":true}`)).Result)
+	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(wire.NewEventID(), "JSON"), `{"ok":true}`)).Result)
 
-	o = p.Process(ctx, msg(ev(envelope.NewEventID(), "NoSuchType"), "x"))
+	o = p.Process(ctx, msg(ev(wire.NewEventID(), "NoSuchType"), "x"))
 	require.Equal(t, ResultParked, o.Result)
 	require.ErrorIs(t, o.Err, ErrUnknownEventType)
 
@@ -225,13 +225,13 @@ func TestProcessPermanentFailures(t *testing.T) {
 	require.Equal(t, "msgid:MSG1", o.EventID)
 
 	// A payload that does not match its declared hash.
-	bad := msg(ev(envelope.NewEventID(), "JSON"), `{"ok":true}`)
+	bad := msg(ev(wire.NewEventID(), "JSON"), `{"ok":true}`)
 	bad.Body = []byte(`{"ok":false}`)
 	o = p.Process(ctx, bad)
 	require.Equal(t, ResultParked, o.Result)
 	require.Equal(t, ClassData, o.Class)
 
-	o = p.Process(ctx, msg(ev(envelope.NewEventID(), "Panics"), "x"))
+	o = p.Process(ctx, msg(ev(wire.NewEventID(), "Panics"), "x"))
 	require.Equal(t, ResultRetry, o.Result)
 	require.ErrorIs(t, o.Err, ErrHandlerPanic)
 
@@ -242,7 +242,7 @@ func TestProcessPermanentFailures(t *testing.T) {
 	require.Equal(t, 5, n)
 
 	ign := newProc(t, db, func(c *ProcessorConfig) { c.UnknownType = UnknownIgnore })
-	require.Equal(t, ResultIgnored, ign.Process(ctx, msg(ev(envelope.NewEventID(), "NoSuchType"), "x")).Result)
+	require.Equal(t, ResultIgnored, ign.Process(ctx, msg(ev(wire.NewEventID(), "NoSuchType"), "x")).Result)
 }
 
 func TestVersionGuardStrict(t *testing.T) {
@@ -251,7 +251,7 @@ func TestVersionGuardStrict(t *testing.T) {
 	p := newProc(t, db, nil) // strict is the default
 	ctx := context.Background()
 	agg := "box-1"
-	ids := []string{"", envelope.NewEventID(), envelope.NewEventID(), envelope.NewEventID()}
+	ids := []string{"", wire.NewEventID(), wire.NewEventID(), wire.NewEventID()}
 
 	gap := p.Process(ctx, msg(aggEv(ids[2], agg, 2), "v2"))
 	require.Equal(t, ResultRetry, gap.Result)
@@ -266,10 +266,10 @@ func TestVersionGuardStrict(t *testing.T) {
 	require.Equal(t, ResultDuplicate, p.Process(ctx, m2).Result)
 
 	// A different event carrying an old version is stale; a jump is a gap.
-	st := p.Process(ctx, msg(aggEv(envelope.NewEventID(), agg, 1), "old"))
+	st := p.Process(ctx, msg(aggEv(wire.NewEventID(), agg, 1), "old"))
 	require.Equal(t, ResultStale, st.Result)
 	require.True(t, st.Ack())
-	require.Equal(t, ResultRetry, p.Process(ctx, msg(aggEv(envelope.NewEventID(), agg, 4), "v4")).Result)
+	require.Equal(t, ResultRetry, p.Process(ctx, msg(aggEv(wire.NewEventID(), agg, 4), "v4")).Result)
 	require.Equal(t, 2, countRows(t, db, "SELECT last_applied_version FROM rmqtx_aggregate_version WHERE aggregate_id = ?", agg))
 	require.Equal(t, 2, effects(t, db))
 	s := p.Stats()
@@ -286,17 +286,17 @@ func TestVersionGuardMonotonic(t *testing.T) {
 	})
 	ctx := context.Background()
 	agg := "box-9"
-	require.Equal(t, ResultApplied, p.Process(ctx, msg(aggEv(envelope.NewEventID(), agg, 3), "v3")).Result)
-	staleID := envelope.NewEventID()
+	require.Equal(t, ResultApplied, p.Process(ctx, msg(aggEv(wire.NewEventID(), agg, 3), "v3")).Result)
+	staleID := wire.NewEventID()
 	require.Equal(t, ResultStale, p.Process(ctx, msg(aggEv(staleID, agg, 1), "v1")).Result)
 	require.Equal(t, ResultDuplicate, p.Process(ctx, msg(aggEv(staleID, agg, 1), "v1")).Result, "a stale skip is recorded: its duplicate is a dedup hit")
-	require.Equal(t, ResultApplied, p.Process(ctx, msg(aggEv(envelope.NewEventID(), agg, 7), "v7")).Result)
-	require.Equal(t, ResultStale, p.Process(ctx, msg(aggEv(envelope.NewEventID(), agg, 7), "v7 again")).Result)
+	require.Equal(t, ResultApplied, p.Process(ctx, msg(aggEv(wire.NewEventID(), agg, 7), "v7")).Result)
+	require.Equal(t, ResultStale, p.Process(ctx, msg(aggEv(wire.NewEventID(), agg, 7), "v7 again")).Result)
 	require.Equal(t, 7, countRows(t, db, "SELECT last_applied_version FROM rmqtx_aggregate_version WHERE aggregate_id = ?", agg))
 	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE status = 'STALE' AND event_id = ?", staleID))
 
 	// A route with VersionNone ignores versions altogether.
-	e := aggEv(envelope.NewEventID(), agg, 1)
+	e := aggEv(wire.NewEventID(), agg, 1)
 	e.EventType = "Unversioned"
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(e, "any")).Result)
 	require.Equal(t, 3, effects(t, db))
@@ -317,7 +317,7 @@ func TestRedactionAndResultRef(t *testing.T) {
 		}}
 	})
 	ctx := context.Background()
-	o := p.Process(ctx, msg(ev(envelope.NewEventID(), "Card"), `{"pan":"4111-1111"}`))
+	o := p.Process(ctx, msg(ev(wire.NewEventID(), "Card"), `{"pan":"4111-1111"}`))
 	require.Equal(t, ResultParked, o.Result)
 	dl, err := p.DeadLetters().Get(ctx, o.DeadLetterID)
 	require.NoError(t, err)
@@ -327,7 +327,7 @@ func TestRedactionAndResultRef(t *testing.T) {
 	require.NotContains(t, dl.ErrorText, "4111")
 	require.Contains(t, dl.ErrorText, "card **** declined")
 
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), "x")).Result)
 	var ref string
 	require.NoError(t, db.Get(&ref, "SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?", id))
@@ -345,7 +345,7 @@ func TestDeadLetterStore(t *testing.T) {
 	ctx := context.Background()
 	var msgs []Message
 	for i := range 3 {
-		e := ev(envelope.NewEventID(), "Rejected")
+		e := ev(wire.NewEventID(), "Rejected")
 		e.BusinessKey = fmt.Sprintf("order-%d", i)
 		msgs = append(msgs, msg(e, "x"))
 		require.Equal(t, ResultParked, p.Process(ctx, msgs[i]).Result)
@@ -393,9 +393,10 @@ func TestMigrateIdempotentWithPrefix(t *testing.T) {
 	db := testenv.DB(t)
 	ctx := context.Background()
 	for range 2 {
-		require.NoError(t, Migrate(ctx, db, "svc_a_"))
+		require.NoError(t, migrateTables(ctx, db, "svc_a_"))
 	}
-	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM svc_a_consumer_schema"))
-	require.Equal(t, 5, countRows(t, db, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'svc\\_a\\_%'"))
-	require.Error(t, Migrate(ctx, db, "bad prefix"))
+	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM svc_a_schema_migrations WHERE part = 'consumer'"))
+	require.Equal(t, 5, countRows(t, db, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'svc\\_a\\_%'"),
+		"the four consumer tables and the version table")
+	require.ErrorIs(t, migrateTables(ctx, db, "bad prefix"), ErrConfig)
 }

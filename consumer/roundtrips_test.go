@@ -10,9 +10,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/sqlcount"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // singleConn opens a one-connection pool on db's database with go-sql-driver's
@@ -66,16 +66,16 @@ func TestProcessRoundTrips(t *testing.T) {
 	}
 	// Warm-up: the in-transaction statements are prepared in the background
 	// after their first use.
-	require.NoError(t, run([]string{envelope.NewEventID()}))
+	require.NoError(t, run([]string{wire.NewEventID()}))
 	testenv.Eventually(t, 10*time.Second, "statements prepared", func() bool {
-		c, err := m.Measure(ctx, func() error { return run([]string{envelope.NewEventID()}) })
+		c, err := m.Measure(ctx, func() error { return run([]string{wire.NewEventID()}) })
 		return err == nil && c.Prepare == 0
 	})
 
 	const n = 10
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = envelope.NewEventID()
+		ids[i] = wire.NewEventID()
 	}
 	c, err := m.Measure(ctx, func() error { return run(ids) })
 	require.NoError(t, err)

@@ -1,14 +1,11 @@
 package consumer
 
 import (
-	"context"
 	"embed"
 	"fmt"
+	"io/fs"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
-	"github.com/rmqtx/rmqtx/internal/migrate"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
@@ -16,7 +13,7 @@ import (
 // one rmqtx default (internal/sqlname), shared by every package.
 const DefaultTablePrefix = sqlname.DefaultPrefix
 
-//go:embed migrations/*.sql
+//go:embed migrations
 var migrationFS embed.FS
 
 // Table name suffixes of the tables this package owns (<prefix><suffix>).
@@ -25,29 +22,11 @@ const (
 	AggregateVersionTable = "aggregate_version"
 	AttemptTable          = "consume_attempt"
 	DeadLetterTable       = "dead_letter"
-	schemaTable           = "consumer_schema"
-)
-
-// Columns of the consumer tables that other packages (inspect, archive)
-// select or filter on. A column renamed here is renamed for all of them.
-const (
-	ColConsumerGroup   = "consumer_group"
-	ColEventID         = "event_id"
-	ColStatus          = "status"
-	ColUpdatedAt       = "updated_at"
-	ColFirstReceivedAt = "first_received_at" // consume log
-	ColFirstFailedAt   = "first_failed_at"   // attempts
-	ColFirstSeenAt     = "first_seen_at"     // dead letters
-	ColLastSeenAt      = "last_seen_at"      // dead letters
-	ColReplayedAt      = "replayed_at"       // dead letters
-	ColResolvedAt      = "resolved_at"       // dead letters
-	ColBusinessKey     = "business_key"      // dead letters
-	ColID              = "id"                // dead letters
 )
 
 // tables holds the prefixed table names, built once from a validated prefix.
 type tables struct {
-	log, version, attempt, dead, schema string
+	log, version, attempt, dead string
 }
 
 func newTables(prefix string) (tables, error) {
@@ -62,7 +41,6 @@ func newTables(prefix string) (tables, error) {
 		version: prefix + AggregateVersionTable,
 		attempt: prefix + AttemptTable,
 		dead:    prefix + DeadLetterTable,
-		schema:  prefix + schemaTable,
 	}, nil
 }
 
@@ -84,7 +62,7 @@ func Tables(prefix string) (TableNames, error) {
 	return TableNames{ConsumeLog: t.log, AggregateVersion: t.version, Attempt: t.attempt, DeadLetter: t.dead}, nil
 }
 
-// ConsumeLogRow is a consume-log (dedup) row as ConsumeLogByEventSQL reads it.
+// ConsumeLogRow is a consume-log (dedup) row as ConsumeLogByEvent reads it.
 type ConsumeLogRow struct {
 	ConsumerGroup   string    `db:"consumer_group" json:"consumer_group"`
 	EventType       string    `db:"event_type" json:"event_type"`
@@ -97,7 +75,7 @@ type ConsumeLogRow struct {
 }
 
 // AttemptRow is a failed-attempt row (an event not applied yet), as
-// AttemptsByEventSQL and AttemptsSinceSQL read it.
+// AttemptsByEvent and AttemptsSince read it.
 type AttemptRow struct {
 	ConsumerGroup string    `db:"consumer_group" json:"consumer_group"`
 	EventID       string    `db:"event_id" json:"event_id"`
@@ -108,49 +86,29 @@ type AttemptRow struct {
 	UpdatedAt     time.Time `db:"updated_at" json:"updated_at"`
 }
 
-const (
-	consumeLogColumns = "consumer_group, event_type, request_hash, status, result_ref, retry_count, first_received_at, updated_at"
-	attemptColumns    = "consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at"
-)
-
-// ConsumeLogByEventSQL reads the ConsumeLogRows of one event id (bind the
-// id), one per consumer group, in group order.
-func (t TableNames) ConsumeLogByEventSQL() string {
-	return "SELECT " + consumeLogColumns + " FROM " + t.ConsumeLog + " WHERE event_id = ? ORDER BY consumer_group"
-}
-
-// AttemptsByEventSQL reads the AttemptRows of one event id (bind the id), in
-// group order.
-func (t TableNames) AttemptsByEventSQL() string {
-	return "SELECT " + attemptColumns + " FROM " + t.Attempt + " WHERE event_id = ? ORDER BY consumer_group"
-}
-
-// AttemptsSinceSQL reads AttemptRows whose first failure is at or before a
-// cutoff, oldest first (bind the cutoff and a limit).
-func (t TableNames) AttemptsSinceSQL() string {
-	return "SELECT " + attemptColumns + " FROM " + t.Attempt + " WHERE first_failed_at <= ? ORDER BY first_failed_at, consumer_group, event_id LIMIT ?"
-}
-
-// Migrate creates or upgrades the consumer tables (consume log, aggregate
-// versions, attempts, dead letters) under prefix ("" means
-// DefaultTablePrefix). It is idempotent and safe to run from several
-// processes at once; it works on MariaDB 10.11 and MySQL 8.
-// schema.MigrateAll runs it together with every other rmqtx table.
-func Migrate(ctx context.Context, db *sqlx.DB, prefix string) error {
-	if prefix == "" {
-		prefix = DefaultTablePrefix
-	}
+// Migrations returns the package's schema steps for the dialect named d ("mysql"): the
+// NNN_description.sql files of one folder, and the validated table names that fill their
+// {{...}} placeholders under prefix ("" means the default prefix). schema.MigrateAll runs them.
+//
+// The steps create the consume log, the aggregate versions, the failed
+// attempts and the dead letters. A database migrated by an earlier release
+// recorded them in <prefix>consumer_schema.
+func Migrations(d string, prefix string) (fs.FS, map[string]string, error) {
 	t, err := newTables(prefix)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	err = migrate.Run(ctx, db, migrate.Plan{
-		FS: migrationFS, Dir: "migrations",
-		Replace:     map[string]string{"{{prefix}}": prefix},
-		SchemaTable: t.schema,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
+	fsys, err := fs.Sub(migrationFS, "migrations/"+d)
+	if err == nil {
+		_, err = fs.Stat(fsys, ".")
 	}
-	return nil
+	if d == "" || err != nil {
+		return nil, nil, fmt.Errorf("%w: no migrations for dialect %q", ErrConfig, d)
+	}
+	return fsys, map[string]string{
+		"{{" + ConsumeLogTable + "}}":       t.log,
+		"{{" + AggregateVersionTable + "}}": t.version,
+		"{{" + AttemptTable + "}}":          t.attempt,
+		"{{" + DeadLetterTable + "}}":       t.dead,
+	}, nil
 }

@@ -12,9 +12,10 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/migrate"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func TestClassify(t *testing.T) {
@@ -62,11 +63,22 @@ func TestDefaultDelayLevel(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	db := &sqlx.DB{} // never used: validation does not touch it
+	db := idleDB() // never used: validation reads only its driver name
 	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
 	good := ProcessorConfig{Group: "g", DB: db, Routes: map[string]Route{"T": {Handler: h}}}
 	_, err := NewProcessor(good)
 	require.NoError(t, err)
+	// A driver without a dialect is a configuration error naming DB, for
+	// the processor and for a dead-letter store alike.
+	other := good
+	other.DB = sqlx.NewDb(nil, "sqlite3")
+	_, err = NewProcessor(other)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, dialect.ErrUnsupported)
+	require.ErrorContains(t, err, "DB: ")
+	_, err = NewDeadLetterStore(other.DB, "")
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, dialect.ErrUnsupported)
 
 	d := good.WithDefaults()
 	require.Equal(t, DefaultTablePrefix, d.TablePrefix)
@@ -124,17 +136,34 @@ func TestConfigValidation(t *testing.T) {
 
 func TestMigrationsLoad(t *testing.T) {
 	t.Parallel()
-	migs, err := migrate.Load(migrationFS, "migrations")
+	fsys, names, err := Migrations("mysql", "pfx_")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"{{consume_log}}": "pfx_consume_log", "{{aggregate_version}}": "pfx_aggregate_version",
+		"{{consume_attempt}}": "pfx_consume_attempt", "{{dead_letter}}": "pfx_dead_letter"}, names)
+	migs, err := migrate.Load(fsys, ".")
 	require.NoError(t, err)
 	require.NotEmpty(t, migs)
 	require.Equal(t, 1, migs[0].Version)
-	stmts := migrate.Statements(migs[0].SQL, strings.NewReplacer("{{prefix}}", "pfx_"))
+	pairs := []string{}
+	for k, v := range names {
+		pairs = append(pairs, k, v)
+	}
+	stmts := migrate.Statements(migs[0].SQL, strings.NewReplacer(pairs...))
 	require.Len(t, stmts, 4)
 	for _, s := range stmts {
 		require.True(t, strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS pfx_"), s)
-		require.NotContains(t, s, "{{prefix}}")
+		require.NotContains(t, s, "{{")
 		require.NotContains(t, s, "--")
 	}
+	_, names, err = Migrations("mysql", "")
+	require.NoError(t, err)
+	require.Equal(t, DefaultTablePrefix+"dead_letter", names["{{dead_letter}}"])
+	for _, d := range []string{"", "postgres", "../mysql", "mysql/x"} {
+		_, _, err = Migrations(d, "")
+		require.ErrorIs(t, err, ErrConfig, "dialect %q", d)
+	}
+	_, _, err = Migrations("mysql", "x;DROP")
+	require.ErrorIs(t, err, ErrConfig)
 	_, err = newTables("x;DROP")
 	require.ErrorIs(t, err, ErrConfig)
 }
@@ -149,11 +178,11 @@ func TestClip(t *testing.T) {
 func TestReplayProperties(t *testing.T) {
 	t.Parallel()
 	in := map[string]string{
-		envelope.PropEventID: "e1", envelope.HeaderPrefix + "trace": "t", "KEYS": "k", "TAGS": "tag",
+		wire.PropEventID: "e1", wire.HeaderPrefix + "trace": "t", "KEYS": "k", "TAGS": "tag",
 		"UNIQ_KEY": "u", "CONSUME_START_TIME": "1", propReconsume: "3", "MIN_OFFSET": "0",
 	}
 	out := replayProperties(in)
-	require.Equal(t, map[string]string{envelope.PropEventID: "e1", envelope.HeaderPrefix + "trace": "t", "KEYS": "k", "TAGS": "tag"}, out)
+	require.Equal(t, map[string]string{wire.PropEventID: "e1", wire.HeaderPrefix + "trace": "t", "KEYS": "k", "TAGS": "tag"}, out)
 }
 
 func TestMessageFromExt(t *testing.T) {
@@ -181,7 +210,7 @@ func (f *fakeResender) Resend(_ context.Context, m *primitive.MessageExt, level 
 	if f.err != nil {
 		return f.err
 	}
-	f.sent = append(f.sent, fmt.Sprintf("%s@%d", m.GetProperty(envelope.PropEventID), level))
+	f.sent = append(f.sent, fmt.Sprintf("%s@%d", m.GetProperty(wire.PropEventID), level))
 	return nil
 }
 
@@ -189,7 +218,7 @@ func batchOf(ids ...string) []*primitive.MessageExt {
 	var out []*primitive.MessageExt
 	for _, id := range ids {
 		m := &primitive.MessageExt{}
-		m.WithProperty(envelope.PropEventID, id)
+		m.WithProperty(wire.PropEventID, id)
 		out = append(out, m)
 	}
 	return out
@@ -200,7 +229,7 @@ func TestConsumeBatch(t *testing.T) {
 	// process: "r*" ids need a retry at level 3, "p*" are parked, others apply.
 	var runs []string
 	process := func(_ context.Context, m Message) Outcome {
-		id := m.Properties[envelope.PropEventID]
+		id := m.Properties[wire.PropEventID]
 		runs = append(runs, id)
 		switch id[0] {
 		case 'r':

@@ -85,6 +85,14 @@ func TestComposeMatchesScripts(t *testing.T) {
 	require.Equal(t, scriptDefault(t, script, "TX_TIMEOUT_MS"), conf["transactionTimeOut"])
 	require.Equal(t, scriptDefault(t, script, "TX_CHECK_INTERVAL_MS"), conf["transactionCheckInterval"])
 	require.Equal(t, scriptDefault(t, script, "TX_CHECK_MAX"), conf["transactionCheckMax"])
+	// The op records of answered halves are written before the broker
+	// checks them: otherwise it re-checks and re-stores committed events.
+	var timeout, opBatch int
+	_, err := fmt.Sscan(conf["transactionTimeOut"], &timeout)
+	require.NoError(t, err)
+	_, err = fmt.Sscan(conf["transactionOpBatchInterval"], &opBatch)
+	require.NoError(t, err, "broker.conf sets transactionOpBatchInterval (the broker's default 3000 is not below the test bed's transactionTimeOut)")
+	require.Less(t, opBatch, timeout, "transactionOpBatchInterval below transactionTimeOut")
 	require.Equal(t, scriptDefault(t, script, "BROKER_PORT"), conf["listenPort"])
 	require.Equal(t, "127.0.0.1:"+scriptDefault(t, script, "NAMESRV_PORT"), conf["namesrvAddr"])
 	require.Equal(t, "127.0.0.1", conf["brokerIP1"])

@@ -4,14 +4,11 @@ package faultsuite
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +19,7 @@ import (
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -30,6 +28,7 @@ import (
 
 // Environment of a crash subprocess.
 const (
+	envRole    = "RMQTX_FAULTSUITE_ROLE"
 	envDB      = "RMQTX_FAULTSUITE_DB"
 	envTopic   = "RMQTX_FAULTSUITE_TOPIC"
 	envPGroup  = "RMQTX_FAULTSUITE_PGROUP"
@@ -48,10 +47,10 @@ const (
 // groups, with one failpoint armed. The failpoint kills it with SIGKILL;
 // reaching the end is a failure.
 func TestHelperProcess(t *testing.T) {
-	role := os.Getenv(envRole)
-	if role == "" {
+	if !testenv.IsChild(t) {
 		return
 	}
+	role := os.Getenv(envRole)
 	s := testenv.Load()
 	db, err := sqlx.Open("mysql", s.DSN(os.Getenv(envDB)))
 	require.NoError(t, err)
@@ -60,12 +59,11 @@ func TestHelperProcess(t *testing.T) {
 	switch role {
 	case roleProducer:
 		p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: os.Getenv(envPGroup), DB: db,
-			FenceAge: fenceAge, WarmupTopics: []string{topic}, DisableRecovery: true, InstanceName: name})
+			FenceAge: testbed.FenceAge, WarmupTopics: []string{topic}, DisableRecovery: true, InstanceName: name})
 		require.NoError(t, err)
 		require.NoError(t, p.Start(ctx))
 		id := os.Getenv(envEventID)
-		b := &bed{topic: topic}
-		_, err = p.Send(ctx, b.message(id), insertOrder(id, "tx", false))
+		_, err = p.Send(ctx, testbed.Message("faultsuite", topic, id), testbed.InsertOrder(id, "tx", false))
 		t.Fatalf("Send returned (%v): failpoint %s never fired", err, os.Getenv(failpoint.EnvVar))
 	case roleOutbox:
 		sink, err := outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: []string{s.NameServer},
@@ -77,7 +75,7 @@ func TestHelperProcess(t *testing.T) {
 		require.NoError(t, d.Start(ctx))
 		d.Notify()
 	case roleConsumer:
-		c, err := consumer.New(consumerConfig(db, s.NameServer, topic, os.Getenv(envCGroup), name))
+		c, err := consumer.New(testbed.ConsumerConfig(db, s.NameServer, topic, os.Getenv(envCGroup), name))
 		require.NoError(t, err)
 		require.NoError(t, c.Start(ctx))
 	default:
@@ -90,22 +88,12 @@ func TestHelperProcess(t *testing.T) {
 // crashChild runs one subprocess and reports an error unless it died by the
 // failpoint's SIGKILL.
 func (b *bed) crashChild(role, fp, name, eventID string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), childWatchdog+30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envRole+"="+role, failpoint.EnvVar+"="+fp,
-		envDB+"="+b.dbName, envTopic+"="+b.topic, envPGroup+"="+b.pgroup, envCGroup+"="+b.cgroup,
-		envEventID+"="+eventID, envName+"="+name,
-	)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return fmt.Errorf("%s %s: %v\n%s", role, fp, err, out)
-	}
-	ws, ok := ee.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		return fmt.Errorf("%s %s: not killed by the failpoint: %v\n%s", role, fp, err, out)
+	_, err := testenv.Child{Test: "TestHelperProcess", Failpoint: fp, Timeout: childWatchdog + 30*time.Second, Env: []string{
+		envRole + "=" + role, envDB + "=" + b.DBName, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envCGroup + "=" + b.CGroup,
+		envEventID + "=" + eventID, envName + "=" + name,
+	}}.Crash(context.Background())
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
 	}
 	return nil
 }
@@ -130,11 +118,11 @@ type crashJob struct {
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	b := newBed(t, "crash-matrix")
-	p := b.startProducer(t)
-	b.startConsumer(t, "parent")
+	p := b.StartProducer(t, "parent", nil)
+	b.StartConsumer(t, "parent")
 	// The parent's dispatcher polls slowly and is never notified, so the
 	// crashing dispatchers (polling every 50 ms) claim most rows first.
-	b.startDispatcher(t, outbox.Config{Name: "obx-parent", PollInterval: 500 * time.Millisecond, LeaseDuration: 10 * time.Second})
+	b.StartDispatcher(t, outbox.Config{Name: "obx-parent", PollInterval: 500 * time.Millisecond, LeaseDuration: 10 * time.Second})
 
 	target := int64(cfg.tx / 2)
 	perSec := 8.0
@@ -143,18 +131,17 @@ func TestCrashMatrix(t *testing.T) {
 	}
 	lim := rate.NewLimiter(rate.Limit(perSec), 1)
 	var crashesDone atomic.Bool
-	l := b.startLoad([]*txproducer.Producer{p}, nil, 3, cfg.workers, lim, func(l *load) bool {
-		return crashesDone.Load() && l.n.Load() >= target
-	})
-	t.Cleanup(l.stopAndWait)
+	l := b.StartLoad(testbed.LoadConfig{Producers: []*txproducer.Producer{p}, OutboxEvery: 3, Workers: cfg.workers, Limiter: lim,
+		Stop: func(l *testbed.Load) bool { return crashesDone.Load() && l.N.Load() >= target }})
+	t.Cleanup(l.StopAndWait)
 
 	producerWindows := []string{failpoint.AfterHalfMessage, failpoint.InsideLocalTx, failpoint.AfterLocalCommit, failpoint.AfterEndTransaction}
 	var jobs []crashJob
 	for i := 0; i < cfg.crashes; i++ {
 		for _, fp := range producerWindows {
 			id := envelope.NewEventID()
-			b.record(&attempt{id: id, source: "crash:" + fp})
-			jobs = append(jobs, crashJob{roleProducer, fp, fmt.Sprintf("%s-crash-%d-%s", b.pgroup, i, fp[len("producer."):]), id})
+			b.Record(&testbed.Attempt{ID: id, Source: "crash:" + fp})
+			jobs = append(jobs, crashJob{roleProducer, fp, fmt.Sprintf("%s-crash-%d-%s", b.PGroup, i, fp[len("producer."):]), id})
 		}
 		jobs = append(jobs,
 			crashJob{roleOutbox, failpoint.AfterClaim, fmt.Sprintf("oc-claim-%d", i), ""},
@@ -186,7 +173,7 @@ func TestCrashMatrix(t *testing.T) {
 			}
 			if j.role == roleOutbox {
 				var n int
-				_ = b.db.Get(&n, "SELECT COUNT(*) FROM "+b.obx.Name()+" WHERE status = 'SENDING' AND owner_token LIKE ?", j.name+".%")
+				_ = b.DB.Get(&n, "SELECT COUNT(*) FROM "+b.Obx.Name()+" WHERE status = 'SENDING' AND owner_token LIKE ?", j.name+".%")
 				mu.Lock()
 				held[j.fp] += n
 				mu.Unlock()
@@ -206,8 +193,8 @@ func TestCrashMatrix(t *testing.T) {
 			continue
 		}
 		var row txlog.Row
-		waitFor(t, 2*time.Minute, "a decision for the transaction crashed at "+j.fp, func() bool {
-			r, err := b.store.Get(context.Background(), j.id)
+		testenv.Eventually(t, 2*time.Minute, "a decision for the transaction crashed at "+j.fp, func() bool {
+			r, err := b.Store.Get(context.Background(), j.id)
 			row = r
 			return err == nil
 		})
@@ -224,12 +211,8 @@ func TestCrashMatrix(t *testing.T) {
 		outcome[j.fp] = o
 	}
 	// The load finishes by itself once it reached its target.
-	done := make(chan struct{})
-	go func() { l.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("load did not finish: %d of %d attempts", l.n.Load(), target)
+	if !l.Finished(5 * time.Minute) {
+		t.Fatalf("load did not finish: %d of %d attempts", l.N.Load(), target)
 	}
 	require.Positive(t, held[failpoint.AfterClaim]+held[failpoint.AfterSend], "the killed dispatchers held claimed rows")
 
@@ -238,9 +221,9 @@ func TestCrashMatrix(t *testing.T) {
 		o := outcome[fp]
 		parts = append(parts, fmt.Sprintf("%s x%d -> committed %d, fenced %d", fp, o[0]+o[1], o[0], o[1]))
 	}
-	b.sc.note("%d subprocesses SIGKILLed in %s: %s", len(jobs), crashTook.Round(time.Second), strings.Join(parts, "; "))
-	b.sc.note("%s x%d (held %d SENDING rows), %s x%d (held %d), %s x%d",
+	b.Sc.Note("%d subprocesses SIGKILLed in %s: %s", len(jobs), crashTook.Round(time.Second), strings.Join(parts, "; "))
+	b.Sc.Note("%s x%d (held %d SENDING rows), %s x%d (held %d), %s x%d",
 		failpoint.AfterClaim, cfg.crashes, held[failpoint.AfterClaim], failpoint.AfterSend, cfg.crashes, held[failpoint.AfterSend],
 		failpoint.AfterConsumeCommit, cfg.crashes)
-	b.verify(t, 4*time.Minute)
+	b.Verify(t, 4*time.Minute)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
@@ -34,7 +35,7 @@ func TestDuplicateStorm(t *testing.T) {
 	t.Parallel()
 	b := newBed(t, "duplicate-storm")
 	for i := 0; i < stormInstances; i++ {
-		b.startConsumer(t, fmt.Sprintf("storm-%d", i))
+		b.StartConsumer(t, fmt.Sprintf("storm-%d", i))
 	}
 
 	// 1. Through the broker.
@@ -44,8 +45,8 @@ func TestDuplicateStorm(t *testing.T) {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = envelope.NewEventID()
-		b.published[ids[i]] = true
-		b.record(&attempt{id: ids[i], source: "storm", answered: true})
+		b.Publish(ids[i])
+		b.Record(&testbed.Attempt{ID: ids[i], Source: "storm", Answered: true})
 	}
 	insertOrders(t, b, ids, "storm")
 	work := make(chan string)
@@ -57,10 +58,10 @@ func TestDuplicateStorm(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for id := range work {
-				body := payload(id)
-				props := envelope.Envelope{EventID: id, EventType: eventType}.Properties(body)
+				body := testbed.Payload(id)
+				props := envelope.Envelope{EventID: id, EventType: testbed.EventType}.Properties(body)
 				for c := 0; c < stormCopies; c++ {
-					m := primitive.NewMessage(b.topic, body)
+					m := primitive.NewMessage(b.Topic, body)
 					m.WithProperties(props)
 					m.WithKeys([]string{id})
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -86,12 +87,10 @@ func TestDuplicateStorm(t *testing.T) {
 	procs := make([]*consumer.Processor, stormRacers)
 	for i := range procs {
 		var err error
-		procs[i], err = consumer.NewProcessor(consumerConfig(b.db, b.s.NameServer, b.topic, b.cgroup, fmt.Sprintf("racer-%d", i)).ProcessorConfig)
+		procs[i], err = consumer.NewProcessor(testbed.ConsumerConfig(b.DB, b.S.NameServer, b.Topic, b.CGroup, fmt.Sprintf("racer-%d", i)).ProcessorConfig)
 		require.NoError(t, err)
 	}
-	b.mu.Lock()
-	b.procs = append(b.procs, procs...)
-	b.mu.Unlock()
+	b.AddProcessors(procs...)
 	races := n / 2
 	if races < 20 {
 		races = 20
@@ -100,21 +99,20 @@ func TestDuplicateStorm(t *testing.T) {
 	for r := 0; r < races; r++ {
 		id := envelope.NewEventID()
 		conflict := r%10 == 9
-		b.mu.Lock()
-		b.published[id], b.direct[id] = true, true
-		b.mu.Unlock()
-		b.record(&attempt{id: id, source: "race", answered: true})
+		b.Publish(id)
+		b.Direct(id)
+		b.Record(&testbed.Attempt{ID: id, Source: "race", Answered: true})
 		insertOrders(t, b, []string{id}, "race")
 		outcomes := make([]consumer.Outcome, stormRacers)
 		gate := make(chan struct{})
 		var rw sync.WaitGroup
 		for i := range procs {
-			body := payload(id)
+			body := testbed.Payload(id)
 			if conflict && i%2 == 1 {
 				body = []byte(`{"order":"` + id + `","amount":43}`)
 			}
-			m := consumer.Message{Body: body, Properties: envelope.Envelope{EventID: id, EventType: eventType}.Properties(body),
-				Delivery: consumer.Delivery{Topic: b.topic, MsgID: fmt.Sprintf("race-%d-%d", r, i), StoredAt: time.Now().UTC()}}
+			m := consumer.Message{Body: body, Properties: envelope.Envelope{EventID: id, EventType: testbed.EventType}.Properties(body),
+				Delivery: consumer.Delivery{Topic: b.Topic, MsgID: fmt.Sprintf("race-%d-%d", r, i), StoredAt: time.Now().UTC()}}
 			rw.Add(1)
 			go func() {
 				defer rw.Done()
@@ -144,18 +142,15 @@ func TestDuplicateStorm(t *testing.T) {
 			conflictIDs++ // one dead letter per (group, event id, payload hash)
 		}
 	}
-	b.mu.Lock()
-	b.parked = conflictIDs
-	b.mu.Unlock()
+	b.ExpectParked(conflictIDs)
 	require.Positive(t, conflicts, "the raced payload conflicts were detected")
 
-	b.sc.Attempted = n + races
-	b.sc.note("%d events x %d copies to %d consumer instances; %d events raced by %d processors (%d applied, %d dedup hits, %d payload conflicts parked)",
+	b.Sc.Note("%d events x %d copies to %d consumer instances; %d events raced by %d processors (%d applied, %d dedup hits, %d payload conflicts parked)",
 		n, stormCopies, stormInstances, races, stormRacers, applied, dups, conflicts)
-	b.verify(t, 4*time.Minute)
+	b.Verify(t, 4*time.Minute)
 
 	var brokerDups int64
-	for _, c := range b.consumers {
+	for _, c := range b.Consumers() {
 		brokerDups += c.Processor().Stats().Duplicates
 	}
 	require.GreaterOrEqual(t, brokerDups, int64(n*(stormCopies-1)), "every extra copy was absorbed as a dedup hit")
@@ -164,7 +159,7 @@ func TestDuplicateStorm(t *testing.T) {
 func insertOrders(t *testing.T, b *bed, ids []string, source string) {
 	t.Helper()
 	for _, id := range ids {
-		_, err := b.db.Exec("INSERT INTO orders (event_id, source) VALUES (?, ?)", id, source)
+		_, err := b.DB.Exec("INSERT INTO orders (event_id, source) VALUES (?, ?)", id, source)
 		require.NoError(t, err)
 	}
 }

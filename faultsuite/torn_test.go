@@ -19,6 +19,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
@@ -47,8 +48,8 @@ const tornTail = 40
 // while the broker is down, then the broker recovers as after any kill -9.
 func TestTornRecordIsDropped(t *testing.T) {
 	env := testenv.Integration(t)
-	require.NotNil(t, private, "this test needs the suite's private services (started by TestMain)")
-	t.Cleanup(func() { _, _ = private.run("up", "broker") })
+	private := suite.Private(t)
+	suite.KeepUp(t, "broker")
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 1)
 	ctx := context.Background()
@@ -57,7 +58,7 @@ func TestTornRecordIsDropped(t *testing.T) {
 		t.Helper()
 		m := primitive.NewMessage(topic, []byte(`{"order":"`+id+`"}`))
 		m.WithProperty(envelope.PropEventID, id)
-		m.WithProperty(envelope.PropEventType, eventType)
+		m.WithProperty(envelope.PropEventType, testbed.EventType)
 		m.WithProperty("suite", "faultsuite torn record")
 		var res *primitive.SendResult
 		testenv.Eventually(t, 60*time.Second, "a stored send of "+id, func() bool {
@@ -77,8 +78,8 @@ func TestTornRecordIsDropped(t *testing.T) {
 	off, err := physicalOffset(res.OffsetMsgID)
 	require.NoError(t, err)
 
-	mustService(t, "kill9", "broker")
-	file := filepath.Join(private.runDir, "rocketmq", "store", "commitlog", fmt.Sprintf("%020d", off/commitLogFileSize*commitLogFileSize))
+	suite.MustService(t, "kill9", "broker")
+	file := filepath.Join(private.RunDir(), "rocketmq", "store", "commitlog", fmt.Sprintf("%020d", off/commitLogFileSize*commitLogFileSize))
 	f, err := os.OpenFile(file, os.O_RDWR, 0)
 	require.NoError(t, err)
 	var size [4]byte
@@ -89,7 +90,7 @@ func TestTornRecordIsDropped(t *testing.T) {
 	_, err = f.WriteAt(make([]byte, tornTail), off%commitLogFileSize+total-tornTail)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	mustComeBack(t, "broker")
+	suite.MustComeBack(t, "broker")
 
 	// Read the queue back from offset 0 with one raw PULL_MESSAGE request:
 	// exactly what the broker serves after recovery, in order. (Not the

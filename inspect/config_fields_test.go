@@ -5,6 +5,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/configtest"
 )
 
 // Every invalid Config field gives an ErrConfig naming that field, so an
@@ -12,22 +14,10 @@ import (
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	ok := Config{DB: sqlx.NewDb(nil, "mysql")}
-	_, err := New(ok)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		field string
-		mod   func(*Config)
-	}{
+	configtest.FieldErrors(t, "inspect: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"DB", func(c *Config) { c.DB = nil }},
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
-	} {
-		c := ok
-		tc.mod(&c)
-		_, err := New(c)
-		require.ErrorIs(t, err, ErrConfig, tc.field)
-		require.ErrorContains(t, err, tc.field)
-		require.ErrorContains(t, err, "inspect: ")
-	}
+	})
 }
 
 // RemotingLookup takes the deprecated NameServer when NameServers is empty

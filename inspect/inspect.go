@@ -2,17 +2,16 @@ package inspect
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/replay"
@@ -64,7 +63,8 @@ type Inspector struct {
 	outbox  outbox.Table
 	consume consumer.TableNames
 	replays replay.TableNames
-	dead    *consumer.DeadLetterStore // builds every dead-letter read
+	dead    *consumer.DeadLetterStore // every dead-letter read
+	d       dialect.Dialect           // tells a missing table apart
 }
 
 // New validates cfg and returns an Inspector.
@@ -91,7 +91,11 @@ func New(cfg Config) (*Inspector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	i := &Inspector{cfg: cfg, dead: dead}
+	d, err := dialect.For(cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	i := &Inspector{cfg: cfg, dead: dead, d: d}
 	if i.txlog, err = txlog.New(cfg.DB, cfg.TablePrefix); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -218,15 +222,12 @@ func (v EventView) Found() bool {
 		len(v.DeadLetters) > 0 || len(v.Broker) > 0
 }
 
-func isMissingTable(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1146
-}
+func (i *Inspector) isMissingTable(err error) bool { return err != nil && i.d.IsMissingTable(err) }
 
-// query runs one read, recording a missing table instead of failing.
-func (i *Inspector) query(ctx context.Context, missing *[]string, table string, dest any, q string, args ...any) error {
-	err := i.cfg.DB.SelectContext(ctx, dest, q, args...)
-	if isMissingTable(err) {
+// read takes the error of one owner read, recording a missing table
+// instead of failing.
+func (i *Inspector) read(missing *[]string, table string, err error) error {
+	if i.isMissingTable(err) {
 		if missing != nil && !slices.Contains(*missing, table) {
 			*missing = append(*missing, table)
 		}
@@ -254,7 +255,7 @@ func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 	v := EventView{EventID: id}
 	switch tr, err := i.txlog.Get(ctx, id); {
 	case errors.Is(err, txlog.ErrNotFound):
-	case isMissingTable(err):
+	case i.isMissingTable(err):
 		v.Missing = append(v.Missing, i.t.txlog)
 	case err != nil:
 		return v, fmt.Errorf("inspect: read %s: %w", i.t.txlog, err)
@@ -263,17 +264,20 @@ func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 	}
 	switch or, err := i.outbox.Get(ctx, i.cfg.DB, id); {
 	case errors.Is(err, outbox.ErrNotFound):
-	case isMissingTable(err):
+	case i.isMissingTable(err):
 		v.Missing = append(v.Missing, i.t.outbox)
 	case err != nil:
 		return v, fmt.Errorf("inspect: read %s: %w", i.t.outbox, err)
 	default:
 		v.Outbox = i.outboxView(or)
 	}
-	if err := i.query(ctx, &v.Missing, i.t.consume, &v.Consumed, i.consume.ConsumeLogByEventSQL(), id); err != nil {
+	var err error
+	v.Consumed, err = i.consume.ConsumeLogByEvent(ctx, i.cfg.DB, id)
+	if err := i.read(&v.Missing, i.t.consume, err); err != nil {
 		return v, err
 	}
-	if err := i.query(ctx, &v.Missing, i.t.attempt, &v.Attempts, i.consume.AttemptsByEventSQL(), id); err != nil {
+	v.Attempts, err = i.consume.AttemptsByEvent(ctx, i.cfg.DB, id)
+	if err := i.read(&v.Missing, i.t.attempt, err); err != nil {
 		return v, err
 	}
 	for k := range v.Attempts {
@@ -284,7 +288,8 @@ func (i *Inspector) Event(ctx context.Context, id string) (EventView, error) {
 		return v, err
 	}
 	v.DeadLetters = dl
-	if err := i.query(ctx, &v.Missing, i.t.item, &v.Replays, i.replays.ReplaysByEventSQL(), id); err != nil {
+	v.Replays, err = i.replays.ReplaysByEvent(ctx, i.cfg.DB, id)
+	if err := i.read(&v.Missing, i.t.item, err); err != nil {
 		return v, err
 	}
 	for k := range v.Replays {
@@ -346,19 +351,26 @@ func (i *Inspector) text(s *string) *string {
 // deadLetters reads the dead letters f selects (default limit 100), every
 // column, payloads and texts redacted.
 func (i *Inspector) deadLetters(ctx context.Context, missing *[]string, f consumer.DeadLetterFilter) ([]DeadLetterRow, error) {
-	var rows []DeadLetterRow
-	q, args := i.dead.SelectSQL("", f)
-	if err := i.query(ctx, missing, i.t.dead, &rows, q, args...); err != nil {
+	dls, err := i.dead.List(ctx, f)
+	if err := i.read(missing, i.t.dead, err); err != nil {
 		return nil, err
 	}
-	for k := range rows {
-		r := &rows[k]
-		r.Payload = i.cfg.Redact(r.RawPayload)
-		r.ErrorText = i.cfg.RedactText(r.ErrorText)
-		r.ResolutionNote = i.text(r.ResolutionNote)
-		if r.RawProperties != "" {
-			_ = json.Unmarshal([]byte(r.RawProperties), &r.Properties)
+	rows := make([]DeadLetterRow, len(dls))
+	for k, d := range dls {
+		r := DeadLetterRow{ID: d.ID, ConsumerGroup: d.ConsumerGroup, Topic: d.Topic, QueueID: d.QueueID, QueueOffset: d.QueueOffset,
+			MsgID: d.MsgID, EventID: d.EventID, EventType: d.EventType, BusinessKey: d.BusinessKey, ErrorClass: string(d.ErrorClass),
+			ErrorText: i.cfg.RedactText(d.ErrorText), Payload: i.cfg.Redact(d.Payload), PayloadRedacted: d.PayloadRedacted,
+			RequestHash: d.RequestHash, Properties: d.Properties, ReconsumeTimes: d.ReconsumeTimes, ParkCount: d.ParkCount,
+			Status: d.Status, FirstSeenAt: d.FirstSeenAt, LastSeenAt: d.LastSeenAt, ReplayCount: d.ReplayCount,
+			ReplayedAt: d.ReplayedAt, ResolvedAt: d.ResolvedAt}
+		if d.ExistingHash != "" {
+			h := d.ExistingHash
+			r.ExistingHash = &h
 		}
+		if d.ResolutionNote != "" {
+			r.ResolutionNote = i.text(&d.ResolutionNote)
+		}
+		rows[k] = r
 	}
 	return rows, nil
 }
@@ -372,13 +384,16 @@ func (i *Inspector) BusinessKey(ctx context.Context, key string, limit int) ([]E
 	}
 	var ids []string
 	var missing []string
-	for _, q := range []struct{ table, sql string }{
-		{i.t.txlog, "SELECT " + txlog.ColEventID + " FROM " + i.t.txlog + " WHERE " + txlog.ColBusinessKey + " = ? LIMIT ?"},
-		{i.t.outbox, "SELECT " + outbox.ColEventID + " FROM " + i.t.outbox + " WHERE " + outbox.ColMessageKey + " = ? LIMIT ?"},
-		{i.t.dead, "SELECT DISTINCT " + consumer.ColEventID + " FROM " + i.t.dead + " WHERE " + consumer.ColBusinessKey + " = ? LIMIT ?"},
+	for _, q := range []struct {
+		table string
+		ids   func() ([]string, error)
+	}{
+		{i.t.txlog, func() ([]string, error) { return i.txlog.EventIDsByBusinessKey(ctx, key, limit) }},
+		{i.t.outbox, func() ([]string, error) { return i.outbox.EventIDsByMessageKey(ctx, i.cfg.DB, key, limit) }},
+		{i.t.dead, func() ([]string, error) { return i.consume.DeadLetterEventIDsByBusinessKey(ctx, i.cfg.DB, key, limit) }},
 	} {
-		var got []string
-		if err := i.query(ctx, &missing, q.table, &got, q.sql, key, limit); err != nil {
+		got, err := q.ids()
+		if err := i.read(&missing, q.table, err); err != nil {
 			return nil, err
 		}
 		for _, id := range got {

@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/outbox"
-	"github.com/rmqtx/rmqtx/replay"
-	"github.com/rmqtx/rmqtx/txlog"
 )
 
 // StuckRow is one piece of work that has not finished: an outbox row not yet
@@ -41,48 +38,33 @@ func (i *Inspector) Stuck(ctx context.Context, minAge time.Duration, limit int) 
 	var missing []string
 	var out []StuckRow
 
-	type obRow struct {
-		EventID     string     `db:"event_id"`
-		Status      string     `db:"status"`
-		Destination string     `db:"destination"`
-		EventType   string     `db:"event_type"`
-		CreatedAt   time.Time  `db:"created_at"`
-		RetryCount  int        `db:"retry_count"`
-		LeaseUntil  *time.Time `db:"lease_until"`
-		NextRetryAt time.Time  `db:"next_retry_at"`
-		LastError   *string    `db:"last_error_message"`
-	}
-	var ob []obRow
-	if err := i.query(ctx, &missing, i.t.outbox, &ob, "SELECT "+strings.Join([]string{outbox.ColEventID, outbox.ColStatus,
-		outbox.ColDestination, outbox.ColEventType, outbox.ColCreatedAt, outbox.ColRetryCount, outbox.ColLeaseUntil,
-		outbox.ColNextRetryAt, outbox.ColLastError}, ", ")+" FROM "+i.t.outbox+
-		" WHERE "+outbox.ColStatus+" IN (?, ?, ?) AND "+outbox.ColCreatedAt+" <= ? ORDER BY "+outbox.ColCreatedAt+", "+outbox.ColEventID+" LIMIT ?",
-		outbox.StatusPending, outbox.StatusSending, outbox.StatusRetry, cutoff, limit); err != nil {
+	ob, err := i.outbox.Unfinished(ctx, i.cfg.DB, cutoff, limit)
+	if err := i.read(&missing, i.t.outbox, err); err != nil {
 		return nil, missing, err
 	}
 	for _, r := range ob {
 		detail := ""
 		switch {
-		case r.Status == string(outbox.StatusSending) && r.LeaseUntil != nil && r.LeaseUntil.Before(now):
-			detail = "lease expired " + fmtAge(now.Sub(*r.LeaseUntil)) + " ago"
-		case r.Status == string(outbox.StatusSending) && r.LeaseUntil != nil:
+		case r.Status == outbox.StatusSending && !r.LeaseUntil.IsZero() && r.LeaseUntil.Before(now):
+			detail = "lease expired " + fmtAge(now.Sub(r.LeaseUntil)) + " ago"
+		case r.Status == outbox.StatusSending && !r.LeaseUntil.IsZero():
 			detail = "lease until " + r.LeaseUntil.UTC().Format(time.RFC3339)
-		case r.Status == string(outbox.StatusRetry):
+		case r.Status == outbox.StatusRetry:
 			detail = "next try " + r.NextRetryAt.UTC().Format(time.RFC3339)
 		}
-		if r.LastError != nil && *r.LastError != "" {
-			detail = joinDetail(detail, i.cfg.RedactText(*r.LastError))
+		if r.LastErrorMessage != "" {
+			detail = joinDetail(detail, i.cfg.RedactText(r.LastErrorMessage))
 		}
-		out = append(out, StuckRow{Table: i.t.outbox, Status: r.Status, Key: r.EventID, EventID: r.EventID, Where: r.Destination,
+		out = append(out, StuckRow{Table: i.t.outbox, Status: string(r.Status), Key: r.EventID, EventID: r.EventID, Where: r.Destination,
 			Type: r.EventType, Since: r.CreatedAt.UTC(), Age: now.Sub(r.CreatedAt), Tries: r.RetryCount, Detail: detail})
 	}
 
-	var at []AttemptRow
-	if err := i.query(ctx, &missing, i.t.attempt, &at, i.consume.AttemptsSinceSQL(), cutoff, limit); err != nil {
+	at, err := i.consume.AttemptsSince(ctx, i.cfg.DB, cutoff, limit)
+	if err := i.read(&missing, i.t.attempt, err); err != nil {
 		return nil, missing, err
 	}
 	for _, r := range at {
-		out = append(out, StuckRow{Table: i.t.attempt, Status: "RETRYING", Key: r.EventID, EventID: r.EventID, Where: r.ConsumerGroup,
+		out = append(out, StuckRow{Table: i.t.attempt, Status: consumer.StatusRetrying, Key: r.EventID, EventID: r.EventID, Where: r.ConsumerGroup,
 			Type: r.LastClass, Since: r.FirstFailedAt.UTC(), Age: now.Sub(r.FirstFailedAt), Tries: r.Attempts,
 			Detail: i.cfg.RedactText(r.LastError)})
 	}
@@ -149,31 +131,35 @@ type StatRow struct {
 func (i *Inspector) Stats(ctx context.Context) ([]StatRow, []string, error) {
 	var missing []string
 	var out []StatRow
-	type row struct {
-		Where  string     `db:"w"`
-		Status string     `db:"s"`
-		Count  int64      `db:"n"`
-		Oldest *time.Time `db:"o"`
-	}
-	for _, q := range []struct{ table, sql string }{
-		{i.t.txlog, countSQL(i.t.txlog, txlog.ColProducerGroup, txlog.ColState, txlog.ColCreatedAt)},
-		{i.t.outbox, countSQL(i.t.outbox, outbox.ColDestination, outbox.ColStatus, outbox.ColCreatedAt)},
-		{i.t.consume, countSQL(i.t.consume, consumer.ColConsumerGroup, consumer.ColStatus, consumer.ColFirstReceivedAt)},
-		{i.t.attempt, countSQL(i.t.attempt, consumer.ColConsumerGroup, "'RETRYING'", consumer.ColFirstFailedAt)},
-		{i.t.dead, countSQL(i.t.dead, consumer.ColConsumerGroup, consumer.ColStatus, consumer.ColFirstSeenAt)},
-		{i.t.audit, countSQL(i.t.audit, "''", replay.ColResult, replay.ColStartedAt)},
+	for _, q := range []struct {
+		table string
+		tally func(fn func(where, status string, rows int64, oldest time.Time)) error
+	}{
+		{i.t.txlog, func(fn func(string, string, int64, time.Time)) error { return i.txlog.Tally(ctx, fn) }},
+		{i.t.outbox, func(fn func(string, string, int64, time.Time)) error { return i.outbox.Tally(ctx, i.cfg.DB, fn) }},
+		{i.t.consume, func(fn func(string, string, int64, time.Time)) error {
+			return i.consume.TallyConsumeLog(ctx, i.cfg.DB, fn)
+		}},
+		{i.t.attempt, func(fn func(string, string, int64, time.Time)) error {
+			return i.consume.TallyAttempts(ctx, i.cfg.DB, fn)
+		}},
+		{i.t.dead, func(fn func(string, string, int64, time.Time)) error {
+			return i.consume.TallyDeadLetters(ctx, i.cfg.DB, fn)
+		}},
+		{i.t.audit, func(fn func(string, string, int64, time.Time)) error {
+			return i.replays.Tally(ctx, i.cfg.DB, func(result string, runs int64, oldest time.Time) { fn("", result, runs, oldest) })
+		}},
 	} {
-		var rows []row
-		if err := i.query(ctx, &missing, q.table, &rows, q.sql); err != nil {
-			return nil, missing, err
-		}
-		for _, r := range rows {
-			sr := StatRow{Table: q.table, Where: r.Where, Status: r.Status, Count: r.Count, Oldest: r.Oldest}
-			if sr.Oldest != nil {
-				u := sr.Oldest.UTC()
+		err := q.tally(func(where, status string, n int64, oldest time.Time) {
+			sr := StatRow{Table: q.table, Where: where, Status: status, Count: n}
+			if !oldest.IsZero() {
+				u := oldest.UTC()
 				sr.Oldest = &u
 			}
 			out = append(out, sr)
+		})
+		if err := i.read(&missing, q.table, err); err != nil {
+			return nil, missing, err
 		}
 	}
 	tableOrder := map[string]int{i.t.txlog: 0, i.t.outbox: 1, i.t.consume: 2, i.t.attempt: 3, i.t.dead: 4, i.t.audit: 5}
@@ -188,17 +174,4 @@ func (i *Inspector) Stats(ctx context.Context) ([]StatRow, []string, error) {
 	})
 	sort.Strings(missing)
 	return orEmpty(out), missing, nil
-}
-
-// countSQL counts table's rows grouped by where and status (columns of the
-// owner, or a constant in quotes), with the oldest of each group.
-func countSQL(table, where, status, at string) string {
-	var group []string
-	for _, c := range []string{where, status} {
-		if !strings.HasPrefix(c, "'") {
-			group = append(group, c)
-		}
-	}
-	return "SELECT " + where + " AS w, " + status + " AS s, COUNT(*) AS n, MIN(" + at + ") AS o FROM " + table +
-		" GROUP BY " + strings.Join(group, ", ")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"maps"
 	"slices"
 	"strings"
@@ -137,7 +138,7 @@ func TestJavaNaturalProducersAdopted(t *testing.T) {
 
 	db := testenv.DB(t)
 	ctx := context.Background()
-	require.NoError(t, consumer.Migrate(ctx, db, ""))
+	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 	_, err := db.Exec(`CREATE TABLE applied (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL,
 		event_type VARCHAR(64) NOT NULL, business_key VARCHAR(128) NOT NULL, body VARBINARY(512) NOT NULL)`)
 	require.NoError(t, err)
@@ -293,7 +294,7 @@ func TestJavaWireFormatVersionGuard(t *testing.T) {
 
 	db := testenv.DB(t)
 	ctx := context.Background()
-	require.NoError(t, consumer.Migrate(ctx, db, ""))
+	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 	_, err := db.Exec(`CREATE TABLE moves (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL,
 		box VARCHAR(128) NOT NULL, version BIGINT NOT NULL)`)
 	require.NoError(t, err)
@@ -356,9 +357,7 @@ func TestJavaWireFormatVersionGuard(t *testing.T) {
 
 func startProducer(t *testing.T, s testenv.Settings, db *sqlx.DB, topic string) *txproducer.Producer {
 	t.Helper()
-	store, err := txlog.New(db, txlog.DefaultPrefix)
-	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
+	require.NoError(t, schema.MigrateAll(context.Background(), db, txlog.DefaultPrefix))
 	p, err := txproducer.New(txproducer.Config{
 		NameServers: []string{s.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
 		FenceAge: 4 * time.Second, WarmupTopics: []string{topic}, DisableRecovery: true,

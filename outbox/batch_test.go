@@ -13,8 +13,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func queueList(topic string, n int) []*primitive.MessageQueue {
@@ -231,7 +231,7 @@ func TestBatchSendsKeepOrderOnBroker(t *testing.T) {
 	}{}
 	for id := range snap.Counts {
 		m := col.Message(id)
-		e, err := envelope.Decode(m.GetProperties())
+		e, err := wire.Decode(m.GetProperties())
 		require.NoError(t, err)
 		if e.AggregateID == "" {
 			continue

@@ -8,6 +8,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/configtest"
 )
 
 // Every invalid Config and RocketMQConfig field gives an ErrConfig naming
@@ -15,28 +17,16 @@ import (
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	require.Same(t, ErrInvalidConfig, ErrConfig, "ErrConfig is ErrInvalidConfig under the common name")
-	ok := Config{DB: &sqlx.DB{}, Sink: nopSink{}}
-	_, err := NewDispatcher(ok)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		field string
-		mod   func(*Config)
-	}{
+	ok := Config{DB: sqlx.NewDb(nil, "mysql"), Sink: nopSink{}}
+	configtest.FieldErrors(t, "outbox: ", ErrConfig, ok, func(c Config) error { _, err := NewDispatcher(c); return err }, []configtest.Case[Config]{
 		{"DB", func(c *Config) { c.DB = nil }},
 		{"Sink", func(c *Config) { c.Sink = nil }},
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
 		{"Name", func(c *Config) { c.Name = "a b" }},
 		{"BackoffMax", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second }},
 		{"SendTimeout", func(c *Config) { c.SendTimeout, c.LeaseDuration = time.Minute, time.Second }},
-	} {
-		c := ok
-		tc.mod(&c)
-		_, err := NewDispatcher(c)
-		require.ErrorIs(t, err, ErrConfig, tc.field)
-		require.ErrorContains(t, err, tc.field)
-		require.ErrorContains(t, err, "outbox: ")
-	}
-	_, err = NewRocketMQSink(RocketMQConfig{})
+	})
+	_, err := NewRocketMQSink(RocketMQConfig{})
 	require.ErrorIs(t, err, ErrConfig)
 	require.ErrorContains(t, err, "NameServers")
 }

@@ -5,9 +5,7 @@ package outbox
 import (
 	"context"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +20,6 @@ import (
 )
 
 const (
-	envHelper   = "RMQTX_OUTBOX_HELPER"
 	envHelperDB = "RMQTX_OUTBOX_HELPER_DB"
 	childLease  = 3 * time.Second
 )
@@ -30,7 +27,7 @@ const (
 // TestHelperProcessOutbox is the crashing dispatcher: it runs only when
 // re-executed by a crash test, and is killed by the armed failpoint.
 func TestHelperProcessOutbox(t *testing.T) {
-	if os.Getenv(envHelper) != "1" {
+	if !testenv.IsChild(t) {
 		return // not a child: nothing to do
 	}
 	s := testenv.Load()
@@ -54,13 +51,7 @@ func TestHelperProcessOutbox(t *testing.T) {
 // left SENDING.
 func crashAt(t *testing.T, b *bed, fp string) int {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcessOutbox$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envHelper+"=1", envHelperDB+"="+testenv.DBName(t, b.db), failpoint.EnvVar+"="+fp)
-	out, err := cmd.CombinedOutput()
-	require.Error(t, err, "the child must be killed:\n%s", out)
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	require.True(t, ok)
-	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "child did not die by SIGKILL: %v\n%s", err, out)
+	testenv.Child{Test: "TestHelperProcessOutbox", Failpoint: fp, Env: []string{envHelperDB + "=" + testenv.DBName(t, b.db)}}.MustCrash(t)
 	var left int
 	require.NoError(t, b.db.Get(&left, "SELECT COUNT(*) FROM "+b.table.Name()+" WHERE status = 'SENDING' AND owner_token LIKE 'child.%'"))
 	return left

@@ -2,17 +2,15 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
@@ -33,6 +31,7 @@ import (
 // batches, one UPDATE per owner token.
 type Dispatcher struct {
 	cfg   Config
+	dl    dialect.Dialect // of cfg.DB, chosen at NewDispatcher
 	table Table
 	q     queries
 	tr    *otelx.Tracer // nil: tracing off (tracing.go)
@@ -111,11 +110,16 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
+	dl, err := dialect.For(cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Config.DB: %w", ErrInvalidConfig, err)
+	}
 	d := &Dispatcher{
 		cfg:        cfg,
+		dl:         dl,
 		table:      t,
 		tr:         otelx.New(cfg.TracerProvider),
-		q:          newQueries(t.name),
+		q:          newQueries(dl, t.name),
 		wake:       make(chan struct{}, 1),
 		freed:      make(chan struct{}, 1),
 		markSignal: make(chan struct{}, 1),
@@ -285,8 +289,8 @@ func (d *Dispatcher) loop(ctx context.Context) {
 	defer ticker.Stop()
 	due, sweepNow := true, true
 	var lastSweep time.Time
-	var more stepSet  // steps that may have more due rows than they last took
-	var resume string // where the PENDING step resumes; "": from the start
+	var more stepSet // steps that may have more due rows than they last took
+	var resume any   // where the PENDING step resumes; nil: from the start
 	for {
 		if ctx.Err() != nil {
 			return
@@ -300,16 +304,17 @@ func (d *Dispatcher) loop(ctx context.Context) {
 			if sweep || d.rescan.Swap(false) {
 				// a poll looks at the whole range: rows committed late, or
 				// heads whose predecessor is now SENT or DEAD, sit before resume
-				resume = ""
+				resume = nil
 			}
 			res, err := d.claim(ctx, n, steps, resume)
 			if err != nil {
-				due, resume = false, ""
+				due, resume = false, nil
 				if ctx.Err() == nil {
 					d.stats.claimErrors.Add(1)
 					log := d.cfg.Logger.WithError(err)
-					if isDeadlock(err) {
-						// InnoDB rolled the claim back whole: nothing to repair.
+					if dialect.IsRetryable(d.dl, err) {
+						// The database rolled the claim back whole (a
+						// deadlock), or a lock wait gave up: nothing to repair.
 						log.Debug("outbox: claim lost a deadlock; retrying at the next wake-up")
 					} else {
 						log.Warn("outbox: claim failed; retrying at the next wake-up")
@@ -317,7 +322,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 				}
 				continue
 			}
-			resume = ""
+			resume = nil
 			if res.full[stepPending] {
 				resume = res.last // the backlog goes on: skip what this claim walked
 			}
@@ -399,7 +404,7 @@ func (d *Dispatcher) observeSend(took time.Duration) {
 	}
 }
 
-func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from string) (claimResult, error) {
+func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from any) (claimResult, error) {
 	start := time.Now()
 	token := d.cfg.Name + "." + randomSuffix()
 	res, err := d.q.claimWith(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, steps, from)
@@ -914,11 +919,4 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
-}
-
-// isDeadlock reports MySQL error 1213 (deadlock, transaction rolled back)
-// or 1205 (lock wait timeout).
-func isDeadlock(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }

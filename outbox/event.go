@@ -1,14 +1,11 @@
 package outbox
 
 import (
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
-	"github.com/go-sql-driver/mysql"
-
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Status is the state of an outbox row.
@@ -33,7 +30,7 @@ const (
 )
 
 // Event is one outbox row as the caller writes it. The envelope fields travel
-// with the message (see internal/envelope); Destination says where the sink
+// with the message (see package wire); Destination says where the sink
 // sends it (a topic for RocketMQSink, any name for a FuncSink).
 type Event struct {
 	// EventID is the stable id consumers deduplicate on and the idempotency
@@ -60,13 +57,13 @@ type Event struct {
 	// Payload is the message body, at most 16 MiB - 1. Keep secrets out of
 	// it: rows are long-lived copies.
 	Payload []byte
-	// Headers travel as user properties (envelope.HeaderPrefix + name).
+	// Headers travel as user properties (wire.HeaderPrefix + name).
 	Headers map[string]string
 }
 
 // Envelope returns the wire envelope of the event.
-func (e Event) Envelope() envelope.Envelope {
-	return envelope.Envelope{
+func (e Event) Envelope() wire.Envelope {
+	return wire.Envelope{
 		EventID:          e.EventID,
 		EventType:        e.EventType,
 		EventVersion:     e.EventVersion,
@@ -79,7 +76,7 @@ func (e Event) Envelope() envelope.Envelope {
 }
 
 // Validate checks the event as Enqueue does (after the event id default).
-// Errors wrap ErrInvalidEvent and, for envelope fields, envelope.ErrInvalid.
+// Errors wrap ErrInvalidEvent and, for envelope fields, wire.ErrInvalid.
 func (e Event) Validate() error {
 	if err := e.Envelope().Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidEvent, err)
@@ -109,10 +106,4 @@ type Row struct {
 	CreatedAt        time.Time
 	SentAt           time.Time // zero until SENT
 	UpdatedAt        time.Time
-}
-
-// isDuplicateKey reports a MySQL/MariaDB duplicate-key error (1062).
-func isDuplicateKey(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1062
 }

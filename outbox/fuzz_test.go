@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // FuzzStoredRow decodes what a row holds (the headers JSON column and the
@@ -21,9 +22,11 @@ func FuzzStoredRow(f *testing.F) {
 	f.Add(`{"a":1}`, "9999-99-99 99:99:99", "id", "T", "t", "", "A", "", int64(0), []byte("x"))
 	f.Add(`null`, "", "id\x02", "T\x01", "%RETRY%x", "k k", "", "", int64(0), []byte(nil))
 	f.Fuzz(func(t *testing.T, headers, ts, id, typ, dest, key, aggType, aggID string, aggVer int64, payload []byte) {
+		var at sqltime.NullTime
+		_ = at.Scan(ts) // a time as text, as a DSN without parseTime returns it; bad text is an error, not a panic
 		r := rowScan{EventID: id, EventType: typ, Destination: dest, MessageKey: key, AggregateType: aggType, AggregateID: aggID,
 			AggregateVersion: aggVer, Payload: payload, Headers: sql.NullString{String: headers, Valid: true},
-			Status: string(StatusSending), CreatedAt: ts, UpdatedAt: ts, LeaseUntil: ts}
+			Status: string(StatusSending), CreatedAt: at, UpdatedAt: at, LeaseUntil: at}
 		row := r.row()
 		if row.EventID != id || row.Destination != dest || !reflect.DeepEqual(row.Payload, payload) {
 			t.Fatalf("row fields changed: %+v", row.Event)
@@ -36,7 +39,7 @@ func FuzzStoredRow(f *testing.F) {
 			return
 		}
 		msg := RocketMQMessage(&Message{Event: e, Attempt: 1})
-		got, err := envelope.Decode(msg.GetProperties())
+		got, err := wire.Decode(msg.GetProperties())
 		if err != nil {
 			t.Fatalf("a valid event's message does not decode: %v", err)
 		}
@@ -46,7 +49,7 @@ func FuzzStoredRow(f *testing.F) {
 		}
 		if want.AggregateType == "" {
 			// The wire carries an aggregate version only with an aggregate
-			// (envelope.Properties); without one it is unversioned.
+			// (wire.Envelope.Properties); without one it is unversioned.
 			want.AggregateVersion = 0
 		}
 		if !reflect.DeepEqual(got, want) {

@@ -31,7 +31,7 @@ func newBed(t *testing.T) *bed {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, tb.Migrate(ctx, db))
+	require.NoError(t, migrateOutbox(ctx, db, ""))
 	return &bed{s: s, db: db, table: tb}
 }
 

@@ -20,10 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
@@ -35,21 +36,21 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	errs := make(chan error, 4)
 	for i := 0; i < 4; i++ {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs <- Migrate(ctx, db, "svc_") }()
+		go func() { defer wg.Done(); errs <- migrateOutbox(ctx, db, "svc_") }()
 	}
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.NoError(t, Migrate(ctx, db, "svc_"))
+	require.NoError(t, migrateOutbox(ctx, db, "svc_"))
 	var versions []int
-	require.NoError(t, db.Select(&versions, "SELECT version FROM svc_outbox_schema"))
+	require.NoError(t, db.Select(&versions, "SELECT version FROM svc_schema_migrations WHERE part = 'outbox'"))
 	require.Equal(t, []int{1}, versions)
 	var n int
 	require.NoError(t, db.Get(&n, "SELECT COUNT(*) FROM svc_outbox"))
 	require.Zero(t, n)
-	require.ErrorIs(t, Migrate(ctx, db, "bad;prefix"), ErrInvalidConfig)
+	require.ErrorIs(t, migrateOutbox(ctx, db, "bad;prefix"), ErrInvalidConfig)
 }
 
 func TestEnqueueJoinsTheCallersTransaction(t *testing.T) {
@@ -95,6 +96,16 @@ func TestEnqueueJoinsTheCallersTransaction(t *testing.T) {
 	_, err = b.table.Enqueue(ctx, b.db, Event{EventType: "X"})
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.Equal(t, map[Status]int{StatusPending: 1}, b.counts(t))
+
+	// a plain *sql.Tx names no driver: it is taken to be MySQL
+	stx, err := b.db.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	plain, err := b.table.Enqueue(ctx, stx, Event{EventType: "OrderCreated", Destination: "orders"})
+	require.NoError(t, err)
+	require.NoError(t, stx.Commit())
+	row, err = b.table.Get(ctx, b.db, plain)
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, row.Status)
 }
 
 // TestLeaseTakeoverAndStaleOwner drives the claim SQL directly: a row whose
@@ -105,7 +116,7 @@ func TestLeaseTakeoverAndStaleOwner(t *testing.T) {
 	b := newBed(t)
 	ctx := context.Background()
 	ids := b.enqueue(t, events("t", 3)...)
-	q := newQueries(b.table.Name())
+	q := newQueries(dialect.Must(b.db), b.table.Name())
 	q.stmts = stmtcache.New(b.db)
 	defer q.stmts.Close()
 
@@ -543,7 +554,7 @@ func TestPerAggregateOrder(t *testing.T) {
 	perAgg := map[string][]stored{}
 	for id := range snap.Counts {
 		m := col.Message(id)
-		e, err := envelope.Decode(m.GetProperties())
+		e, err := wire.Decode(m.GetProperties())
 		require.NoError(t, err)
 		k := e.AggregateType + "/" + e.AggregateID
 		perAgg[k] = append(perAgg[k], stored{queue: m.Queue.QueueId, offset: m.QueueOffset, version: e.AggregateVersion})

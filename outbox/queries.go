@@ -2,18 +2,21 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 )
 
 // queries holds the dispatcher's SQL for one table. Table names are
-// validated identifiers; every value is bound.
+// validated identifiers; every value is bound. Statements without an IN
+// list are rebound for the dialect here; those with one ("IN (?)") keep
+// "?" until inList expands the list and rebinds them.
 type queries struct {
+	d              dialect.Dialect
 	table          string
 	stmts          *stmtcache.Cache // the dispatcher's DB; its statements prepared (nil: none)
 	claimSteps     [numSteps]string // locking selects, in priority order
@@ -60,33 +63,59 @@ type claimResult struct {
 	ran  stepSet
 	full stepSet
 	// last is the next_retry_at of the last row the PENDING step read: where
-	// the next claim may resume while the step comes back full.
-	last string
+	// the next claim may resume while the step comes back full (nil: from
+	// the start).
+	last any
 }
 
-func newQueries(table string) queries {
+// claimScan is a row as a claim step reads it.
+type claimScan struct {
+	rowScan
+	ResumeAt driverValue `db:"resume_at"`
+}
+
+// driverValue keeps a column value as the driver returned it, to be bound
+// again unchanged: the PENDING step's resume point compares equal to the
+// stored next_retry_at whether the DSN hands times over as text or as a
+// time.Time in its own location.
+type driverValue struct{ v any }
+
+// Scan implements sql.Scanner.
+func (r *driverValue) Scan(src any) error {
+	if b, ok := src.([]byte); ok {
+		src = string(b) // the driver reuses its buffer
+	}
+	r.v = src
+	return nil
+}
+
+func newQueries(d dialect.Dialect, table string) queries {
+	now := d.Now()
 	// head: no earlier version of the same aggregate is still unsent. DEAD
 	// does not block: one poison event must not halt its aggregate forever.
 	head := `(o.aggregate_type = '' OR NOT EXISTS (SELECT 1 FROM ` + table + ` p
   WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
     AND p.aggregate_version < o.aggregate_version AND p.status IN ('PENDING', 'SENDING', 'RETRY')))`
-	sel := "SELECT " + eventColumns + ", " + tsExpr("o.next_retry_at") + " AS next_retry_at_s FROM " + table + " o WHERE "
+	sel := "SELECT " + eventColumns + ", o.next_retry_at AS resume_at FROM " + table + " o WHERE "
 	lock := " LIMIT ? FOR UPDATE SKIP LOCKED"
+	// released: back to PENDING, or RETRY once the row has failed before.
+	released := "CASE WHEN retry_count = 0 THEN 'PENDING' ELSE 'RETRY' END"
 	return queries{
+		d:     d,
 		table: table,
 		// Each step reads one status in index order, so a step locks at most
 		// the rows it returns (an OR over statuses would sort, locking every
 		// due row).
 		claimSteps: [numSteps]string{
-			stepExpired: sel + "o.status = 'SENDING' AND o.lease_until < UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.lease_until" + lock,
-			stepRetry:   sel + "o.status = 'RETRY' AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.next_retry_at" + lock,
-			stepPending: sel + "o.status = 'PENDING' AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head + " ORDER BY o.next_retry_at" + lock,
+			stepExpired: d.Rebind(sel + "o.status = 'SENDING' AND o.lease_until < " + now + " AND " + head + " ORDER BY o.lease_until" + lock),
+			stepRetry:   d.Rebind(sel + "o.status = 'RETRY' AND o.next_retry_at <= " + now + " AND " + head + " ORDER BY o.next_retry_at" + lock),
+			stepPending: d.Rebind(sel + "o.status = 'PENDING' AND o.next_retry_at <= " + now + " AND " + head + " ORDER BY o.next_retry_at" + lock),
 		},
 		// While a backlog drains, the rows a claim took leave delete-marked
 		// entries at the start of the PENDING range until purge removes them;
 		// a scan from the start walks all of them again on every claim.
-		pendingFrom: sel + "o.status = 'PENDING' AND o.next_retry_at >= ? AND o.next_retry_at <= UTC_TIMESTAMP(6) AND " + head +
-			" ORDER BY o.next_retry_at" + lock,
+		pendingFrom: d.Rebind(sel + "o.status = 'PENDING' AND o.next_retry_at >= ? AND o.next_retry_at <= " + now + " AND " + head +
+			" ORDER BY o.next_retry_at" + lock),
 		// A plain (non-locking) read of the same condition: it sees every
 		// committed row, including rows another claim holds locked, whatever
 		// the engine does with SKIP LOCKED inside a subquery.
@@ -94,23 +123,23 @@ func newQueries(table string) queries {
   WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
     AND p.aggregate_version < o.aggregate_version AND p.status IN ('PENDING', 'SENDING', 'RETRY'))`,
 		takeRows: "UPDATE " + table + ` SET status = 'SENDING', owner_token = ?,
-  lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, updated_at = UTC_TIMESTAMP(6) WHERE event_id IN (?)`,
-		sqlMarkSent: "UPDATE " + table + ` SET status = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL,
-  updated_at = UTC_TIMESTAMP(6) WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`,
-		sqlMarkRetry: "UPDATE " + table + ` SET status = 'RETRY', retry_count = retry_count + 1,
-  next_retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error_code = ?, last_error_message = ?,
-  lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`,
-		sqlMarkDead: "UPDATE " + table + ` SET status = 'DEAD', last_error_code = ?, last_error_message = ?,
-  lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`,
-		sqlRelease: "UPDATE " + table + ` SET status = IF(retry_count = 0, 'PENDING', 'RETRY'), next_retry_at = UTC_TIMESTAMP(6),
-  lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`,
-		sqlSentMany: "UPDATE " + table + ` SET status = 'SENT', sent_at = UTC_TIMESTAMP(6), lease_until = NULL,
-  updated_at = UTC_TIMESTAMP(6) WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
+  lease_until = ` + d.NowPlusMicros() + `, updated_at = ` + now + ` WHERE event_id IN (?)`,
+		sqlMarkSent: d.Rebind("UPDATE " + table + ` SET status = 'SENT', sent_at = ` + now + `, lease_until = NULL,
+  updated_at = ` + now + ` WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`),
+		sqlMarkRetry: d.Rebind("UPDATE " + table + ` SET status = 'RETRY', retry_count = retry_count + 1,
+  next_retry_at = ` + d.NowPlusMicros() + `, last_error_code = ?, last_error_message = ?,
+  lease_until = NULL, updated_at = ` + now + ` WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`),
+		sqlMarkDead: d.Rebind("UPDATE " + table + ` SET status = 'DEAD', last_error_code = ?, last_error_message = ?,
+  lease_until = NULL, updated_at = ` + now + ` WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`),
+		sqlRelease: d.Rebind("UPDATE " + table + ` SET status = ` + released + `, next_retry_at = ` + now + `,
+  lease_until = NULL, updated_at = ` + now + ` WHERE event_id = ? AND owner_token = ? AND status = 'SENDING'`),
+		sqlSentMany: "UPDATE " + table + ` SET status = 'SENT', sent_at = ` + now + `, lease_until = NULL,
+  updated_at = ` + now + ` WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
 		// SENT is terminal and every claim has its own token, so a SENT row
 		// with our token is one our update wrote.
 		sqlSentLanded: "SELECT event_id FROM " + table + ` WHERE owner_token = ? AND status = 'SENT' AND event_id IN (?)`,
-		sqlReleaseMany: "UPDATE " + table + ` SET status = IF(retry_count = 0, 'PENDING', 'RETRY'), next_retry_at = UTC_TIMESTAMP(6),
-  lease_until = NULL, updated_at = UTC_TIMESTAMP(6) WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
+		sqlReleaseMany: "UPDATE " + table + ` SET status = ` + released + `, next_retry_at = ` + now + `,
+  lease_until = NULL, updated_at = ` + now + ` WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
 	}
 }
 
@@ -121,19 +150,19 @@ func newQueries(table string) queries {
 // snapshot, and REPEATABLE READ's gap locks make it deadlock with
 // concurrent Enqueues.
 func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration) ([]claimedRow, error) {
-	res, err := q.claimWith(ctx, db, token, n, lease, allSteps, "")
+	res, err := q.claimWith(ctx, db, token, n, lease, allSteps, nil)
 	return res.rows, err
 }
 
 // claimWith is claim running only the selected steps (stepPending should
-// always be among them). A non-empty from makes the PENDING step skip rows
+// always be among them). A non-nil from makes the PENDING step skip rows
 // due before it (a next_retry_at as claimResult.last returns it): the caller
 // must scan from the start again whenever such a row may have become
 // claimable.
-func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration, steps stepSet, from string) (claimResult, error) {
+func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration, steps stepSet, from any) (claimResult, error) {
 	var res claimResult
 	claimedAt := time.Now()
-	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	tx, err := dialect.BeginReadCommitted(ctx, db)
 	if err != nil {
 		return res, fmt.Errorf("outbox: claim: begin: %w", err)
 	}
@@ -146,10 +175,10 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 		if !steps[i] {
 			continue
 		}
-		var got []rowScan
+		var got []claimScan
 		want := n - len(rows)
 		args := []any{want}
-		if i == stepPending && from != "" {
+		if i == stepPending && from != nil {
 			stmt, args = q.pendingFrom, []any{from, want}
 		}
 		if err := q.stmts.TxSelect(ctx, tx, &got, stmt, args...); err != nil {
@@ -158,10 +187,10 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 		res.ran[i] = true
 		res.full[i] = len(got) >= want
 		if i == stepPending && len(got) > 0 {
-			res.last = got[len(got)-1].NextRetryAt
+			res.last = got[len(got)-1].ResumeAt.v
 		}
 		for _, r := range got {
-			rows = append(rows, claimedRow{rowScan: r, tookOver: i == stepExpired, claimedAt: claimedAt})
+			rows = append(rows, claimedRow{rowScan: r.rowScan, tookOver: i == stepExpired, claimedAt: claimedAt})
 		}
 	}
 	if len(rows) == 0 {
@@ -174,7 +203,7 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 		}
 	}
 	if len(ids) > 0 {
-		query, args, err := inList(q.notHeads, nil, ids)
+		query, args, err := q.inList(q.notHeads, nil, ids)
 		if err != nil {
 			return res, fmt.Errorf("outbox: claim: %w", err)
 		}
@@ -219,7 +248,7 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 		ids = append(ids, rows[i].EventID)
 		rows[i].token = token
 	}
-	query, args, err := inList(q.takeRows, []any{token, lease.Microseconds()}, ids)
+	query, args, err := q.inList(q.takeRows, []any{token, lease.Microseconds()}, ids)
 	if err != nil {
 		return res, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -234,10 +263,10 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 }
 
 // inList binds head, then ids, to query, whose last placeholder is an
-// "IN (?)". The ids are padded to a power of two by repeating the last one
-// (harmless in an IN list), so a handful of statement texts cover every
-// batch and can be prepared once.
-func inList(query string, head []any, ids []string) (string, []any, error) {
+// "IN (?)", and rebinds the result for the dialect. The ids are padded to a
+// power of two by repeating the last one (harmless in an IN list), so a
+// handful of statement texts cover every batch and can be prepared once.
+func (q queries) inList(query string, head []any, ids []string) (string, []any, error) {
 	size := 1
 	for size < len(ids) {
 		size *= 2
@@ -247,7 +276,11 @@ func inList(query string, head []any, ids []string) (string, []any, error) {
 	for i := len(ids); i < size; i++ {
 		padded[i] = ids[len(ids)-1]
 	}
-	return sqlx.In(query, append(head, padded)...)
+	query, args, err := sqlx.In(query, append(head, padded)...)
+	if err != nil {
+		return "", nil, err
+	}
+	return q.d.Rebind(query), args, nil
 }
 
 // exec runs query outside a transaction (prepared, see package stmtcache)
@@ -287,7 +320,7 @@ const maxInList = 500
 // maxInList ids) in one statement, and returns the ids it marked. Only when
 // fewer rows changed than ids were given does it read back which ones.
 func (q queries) markSentMany(ctx context.Context, token string, ids []string) (map[string]bool, error) {
-	query, args, err := inList(q.sqlSentMany, []any{token}, ids)
+	query, args, err := q.inList(q.sqlSentMany, []any{token}, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: mark: %w", err)
 	}
@@ -304,7 +337,7 @@ func (q queries) markSentMany(ctx context.Context, token string, ids []string) (
 	}
 	// Some rows have a new owner, or an earlier attempt of this very update
 	// committed without its reply reaching us: read which rows are ours.
-	query, args, err = inList(q.sqlSentLanded, []any{token}, ids)
+	query, args, err = q.inList(q.sqlSentLanded, []any{token}, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: mark: %w", err)
 	}
@@ -321,7 +354,7 @@ func (q queries) markSentMany(ctx context.Context, token string, ids []string) (
 // releaseMany hands back the rows of ids that token still owns (at most
 // maxInList ids) and returns how many it changed.
 func (q queries) releaseMany(ctx context.Context, token string, ids []string) (int64, error) {
-	query, args, err := inList(q.sqlReleaseMany, []any{token}, ids)
+	query, args, err := q.inList(q.sqlReleaseMany, []any{token}, ids)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: release: %w", err)
 	}
@@ -339,16 +372,21 @@ type Backlog struct {
 // Backlog returns the unsent rows per destination (what the OutboxPending
 // and OutboxOldestAge gauges show).
 func (t Table) Backlog(ctx context.Context, db sqlx.QueryerContext) ([]Backlog, error) {
+	d, err := handleDialect(db)
+	if err != nil {
+		return nil, err
+	}
 	var rows []struct {
 		Destination string `db:"destination"`
 		Pending     int64  `db:"pending"`
 		Sending     int64  `db:"sending"`
 		OldestUS    int64  `db:"oldest_us"`
 	}
-	err := sqlx.SelectContext(ctx, db, &rows, `SELECT destination,
-  CAST(SUM(status IN ('PENDING', 'RETRY')) AS SIGNED) AS pending,
-  CAST(SUM(status = 'SENDING') AS SIGNED) AS sending,
-  COALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0) AS oldest_us
+	// No placeholder, so no Rebind.
+	err = sqlx.SelectContext(ctx, db, &rows, `SELECT destination,
+  COUNT(CASE WHEN status IN ('PENDING', 'RETRY') THEN 1 END) AS pending,
+  COUNT(CASE WHEN status = 'SENDING' THEN 1 END) AS sending,
+  COALESCE(`+d.MicrosSince("MIN(created_at)")+`, 0) AS oldest_us
 FROM `+t.name+` WHERE status IN ('PENDING', 'RETRY', 'SENDING') GROUP BY destination`)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: backlog: %w", err)

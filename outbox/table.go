@@ -3,18 +3,17 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
-	"github.com/rmqtx/rmqtx/internal/migrate"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // DefaultPrefix is the table prefix used when none is configured: the one
@@ -24,37 +23,40 @@ const DefaultPrefix = sqlname.DefaultPrefix
 // TableSuffix: the outbox lives in <prefix>outbox.
 const TableSuffix = "outbox"
 
-// Columns of the outbox that other packages (inspect, archive) select or
-// filter on. A column renamed here is renamed for all of them.
-const (
-	ColEventID     = "event_id"
-	ColDestination = "destination"
-	ColEventType   = "event_type"
-	ColMessageKey  = "message_key"
-	ColStatus      = "status"
-	ColRetryCount  = "retry_count"
-	ColLeaseUntil  = "lease_until"
-	ColNextRetryAt = "next_retry_at"
-	ColLastError   = "last_error_message"
-	ColCreatedAt   = "created_at"
-	ColUpdatedAt   = "updated_at"
-)
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Execer is what Enqueue needs from the caller's transaction: *sql.Tx and
-// *sqlx.Tx both satisfy it. Pass the transaction that holds the business
+// Execer is what Enqueue needs from the caller's transaction: *sqlx.Tx and
+// *sql.Tx both satisfy it. Pass the transaction that holds the business
 // change; passing a *sql.DB works but loses the atomicity the outbox is for.
+//
+// The SQL is written for the database the handle names with a DriverName
+// method (*sqlx.Tx and *sqlx.DB do); a handle without one (*sql.Tx, *sql.DB)
+// is taken to be MySQL, the one database rmqtx supports so far.
 type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// driverNamer is a handle that names its database/sql driver.
+type driverNamer interface{ DriverName() string }
+
+// handleDialect returns the dialect of a caller's handle (see Execer):
+// Table's methods run on the caller's transaction or pool, so the table
+// cannot choose its dialect once, as a Dispatcher does. An unsupported
+// driver is a configuration error.
+func handleDialect(h any) (dialect.Dialect, error) {
+	n, ok := h.(driverNamer)
+	if !ok {
+		return dialect.MySQL, nil
+	}
+	d, err := dialect.ForDriver(n.DriverName())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return d, nil
 }
 
 // Table is the outbox table under one prefix. It is a cheap value with no
 // connection of its own; the zero value is not usable, use NewTable.
 type Table struct {
-	name   string // prefix + "outbox"
-	schema string // prefix + "outbox_schema"
+	name string // prefix + "outbox"
 }
 
 // NewTable returns the outbox table <prefix>outbox. An empty prefix means
@@ -67,38 +69,11 @@ func NewTable(prefix string) (Table, error) {
 	if err != nil {
 		return Table{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return Table{name: name, schema: name + "_schema"}, nil
+	return Table{name: name}, nil
 }
 
 // Name returns the table name, for example "rmqtx_outbox".
 func (t Table) Name() string { return t.name }
-
-// Migrate creates or upgrades the outbox table. It is idempotent and safe to
-// run from several processes at once: migrations are serialized with a named
-// lock (GET_LOCK) and recorded in <prefix>outbox_schema. Works on MariaDB
-// 10.6+ and MySQL 8.
-func (t Table) Migrate(ctx context.Context, db *sqlx.DB) error {
-	err := migrate.Run(ctx, db, migrate.Plan{
-		FS: migrationFS, Dir: "migrations",
-		Replace:     map[string]string{"{{table}}": t.name},
-		SchemaTable: t.schema,
-	})
-	if err != nil {
-		return fmt.Errorf("outbox: %w", err)
-	}
-	return nil
-}
-
-// Migrate creates or upgrades the outbox table <prefix>outbox (empty prefix:
-// DefaultPrefix). See Table.Migrate; schema.MigrateAll runs it together
-// with every other rmqtx table.
-func Migrate(ctx context.Context, db *sqlx.DB, prefix string) error {
-	t, err := NewTable(prefix)
-	if err != nil {
-		return err
-	}
-	return t.Migrate(ctx, db)
-}
 
 // Enqueue writes e as a PENDING row inside the caller's transaction tx and
 // returns its event id (generated when e.EventID is empty). The row becomes
@@ -114,9 +89,13 @@ func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) 
 		return "", fmt.Errorf("%w: nil transaction", ErrInvalidEvent)
 	}
 	if e.EventID == "" {
-		e.EventID = envelope.NewEventID()
+		e.EventID = wire.NewEventID()
 	}
 	if err := e.Validate(); err != nil {
+		return "", err
+	}
+	d, err := handleDialect(tx)
+	if err != nil {
 		return "", err
 	}
 	var headers sql.NullString
@@ -131,14 +110,15 @@ func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) 
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO "+t.name+` (event_id, aggregate_type, aggregate_id, aggregate_version,
+	now := d.Now()
+	_, err = tx.ExecContext(ctx, d.Rebind("INSERT INTO "+t.name+` (event_id, aggregate_type, aggregate_id, aggregate_version,
   event_type, event_version, destination, message_key, payload, headers, status, retry_count,
   next_retry_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`,
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, `+now+`, `+now+`, `+now+`)`),
 		e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion,
 		e.EventType, e.EventVersion, e.Destination, e.MessageKey, payload, headers)
 	if err != nil {
-		if isDuplicateKey(err) {
+		if d.IsDuplicateKey(err) {
 			return "", fmt.Errorf("%w: %s", ErrDuplicateEvent, e.EventID)
 		}
 		return "", fmt.Errorf("outbox: enqueue %s: %w", e.EventID, err)
@@ -146,29 +126,12 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, UTC_TIMESTAMP(6), UTC_TIMEST
 	return e.EventID, nil
 }
 
-var defaultTable = Table{name: DefaultPrefix + TableSuffix, schema: DefaultPrefix + TableSuffix + "_schema"}
+var defaultTable = Table{name: DefaultPrefix + TableSuffix}
 
 // Enqueue writes e into the default table (rmqtx_outbox) inside tx. See
 // Table.Enqueue.
 func Enqueue(ctx context.Context, tx Execer, e Event) (string, error) {
 	return defaultTable.Enqueue(ctx, tx, e)
-}
-
-// tsExpr renders a DATETIME(6) column as text so scanning does not depend
-// on the DSN's parseTime setting.
-func tsExpr(col string) string {
-	return "COALESCE(DATE_FORMAT(" + col + ", '%Y-%m-%d %H:%i:%s.%f'), '')"
-}
-
-func parseTS(s string) time.Time {
-	if s == "" {
-		return time.Time{}
-	}
-	t, err := time.ParseInLocation("2006-01-02 15:04:05.999999", s, time.UTC)
-	if err != nil {
-		return time.Time{}
-	}
-	return t
 }
 
 type rowScan struct {
@@ -187,22 +150,19 @@ type rowScan struct {
 	RetryCount       int            `db:"retry_count"`
 	LastErrorCode    sql.NullString `db:"last_error_code"`
 	LastErrorMessage sql.NullString `db:"last_error_message"`
-	LeaseUntil       string         `db:"lease_until_s"`
-	NextRetryAt      string         `db:"next_retry_at_s"`
-	CreatedAt        string         `db:"created_at_s"`
-	SentAt           string         `db:"sent_at_s"`
-	UpdatedAt        string         `db:"updated_at_s"`
+	// Times scan whatever the DSN's parseTime says (internal/sqltime).
+	LeaseUntil  sqltime.NullTime `db:"lease_until"`
+	NextRetryAt sqltime.NullTime `db:"next_retry_at"`
+	CreatedAt   sqltime.NullTime `db:"created_at"`
+	SentAt      sqltime.NullTime `db:"sent_at"`
+	UpdatedAt   sqltime.NullTime `db:"updated_at"`
 }
 
 const eventColumns = `event_id, aggregate_type, aggregate_id, aggregate_version, event_type, event_version,
   destination, message_key, payload, headers, status, owner_token, retry_count`
 
-func (t Table) rowColumns() string {
-	return eventColumns + `, last_error_code, last_error_message, ` +
-		tsExpr("lease_until") + ` AS lease_until_s, ` + tsExpr("next_retry_at") + ` AS next_retry_at_s, ` +
-		tsExpr("created_at") + ` AS created_at_s, ` + tsExpr("sent_at") + ` AS sent_at_s, ` +
-		tsExpr("updated_at") + ` AS updated_at_s`
-}
+const rowColumns = eventColumns + `, last_error_code, last_error_message, lease_until, next_retry_at,
+  created_at, sent_at, updated_at`
 
 func (r rowScan) event() Event {
 	e := Event{
@@ -220,16 +180,20 @@ func (r rowScan) event() Event {
 func (r rowScan) row() Row {
 	return Row{
 		Event: r.event(), Status: Status(r.Status), OwnerToken: r.OwnerToken.String,
-		LeaseUntil: parseTS(r.LeaseUntil), RetryCount: r.RetryCount, NextRetryAt: parseTS(r.NextRetryAt),
+		LeaseUntil: r.LeaseUntil.Time, RetryCount: r.RetryCount, NextRetryAt: r.NextRetryAt.Time,
 		LastErrorCode: r.LastErrorCode.String, LastErrorMessage: r.LastErrorMessage.String,
-		CreatedAt: parseTS(r.CreatedAt), SentAt: parseTS(r.SentAt), UpdatedAt: parseTS(r.UpdatedAt),
+		CreatedAt: r.CreatedAt.Time, SentAt: r.SentAt.Time, UpdatedAt: r.UpdatedAt.Time,
 	}
 }
 
 // Get returns the row of eventID, or an error wrapping ErrNotFound.
 func (t Table) Get(ctx context.Context, db sqlx.QueryerContext, eventID string) (Row, error) {
+	d, err := handleDialect(db)
+	if err != nil {
+		return Row{}, err
+	}
 	var r rowScan
-	err := sqlx.GetContext(ctx, db, &r, "SELECT "+t.rowColumns()+" FROM "+t.name+" WHERE event_id = ?", eventID)
+	err = sqlx.GetContext(ctx, db, &r, d.Rebind("SELECT "+rowColumns+" FROM "+t.name+" WHERE event_id = ?"), eventID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, eventID)
 	}
@@ -245,6 +209,7 @@ func (t Table) CountByStatus(ctx context.Context, db sqlx.QueryerContext) (map[S
 		Status string `db:"status"`
 		N      int    `db:"n"`
 	}
+	// No placeholder, so no Rebind: the statement is portable as it is.
 	if err := sqlx.SelectContext(ctx, db, &rows, "SELECT status, COUNT(*) AS n FROM "+t.name+" GROUP BY status"); err != nil {
 		return nil, fmt.Errorf("outbox: count: %w", err)
 	}

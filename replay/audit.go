@@ -3,22 +3,12 @@ package replay
 import (
 	"context"
 	"database/sql"
-	"embed"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/rmqtx/rmqtx/internal/sqltime"
 )
-
-//go:embed migrations/*.sql
-var migrationFS embed.FS
-
-// Migrate creates the audit tables under the Replayer's prefix; see the
-// package-level Migrate, which it calls.
-func (r *Replayer) Migrate(ctx context.Context) error {
-	return Migrate(ctx, r.cfg.DB, r.cfg.TablePrefix)
-}
 
 // Audit is one replay_audit row.
 type Audit struct {
@@ -75,7 +65,7 @@ var ErrNotFound = errors.New("replay: not found")
 // GetAudit returns one audit row.
 func (r *Replayer) GetAudit(ctx context.Context, id int64) (Audit, error) {
 	var a auditRow
-	err := r.cfg.DB.GetContext(ctx, &a, "SELECT "+auditColumns+" FROM "+r.t.audit+" WHERE id = ?", id)
+	err := r.cfg.DB.GetContext(ctx, &a, r.d.Rebind("SELECT "+auditColumns+" FROM "+r.t.audit+" WHERE id = ?"), id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Audit{}, fmt.Errorf("%w: audit %d", ErrNotFound, id)
 	}
@@ -91,7 +81,7 @@ func (r *Replayer) ListAudits(ctx context.Context, limit int) ([]Audit, error) {
 		limit = 50
 	}
 	var rows []auditRow
-	if err := r.cfg.DB.SelectContext(ctx, &rows, "SELECT "+auditColumns+" FROM "+r.t.audit+" ORDER BY id DESC LIMIT ?", limit); err != nil {
+	if err := r.cfg.DB.SelectContext(ctx, &rows, r.d.Rebind("SELECT "+auditColumns+" FROM "+r.t.audit+" ORDER BY id DESC LIMIT ?"), limit); err != nil {
 		return nil, fmt.Errorf("replay: list audits: %w", err)
 	}
 	out := make([]Audit, len(rows))
@@ -107,8 +97,8 @@ func (r *Replayer) AuditItems(ctx context.Context, auditID int64) ([]AuditItem, 
 		AuditItem
 		At sqltime.Time `db:"at"`
 	}
-	if err := r.cfg.DB.SelectContext(ctx, &rows, "SELECT audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at FROM "+
-		r.t.item+" WHERE audit_id = ? ORDER BY dead_letter_id", auditID); err != nil {
+	if err := r.cfg.DB.SelectContext(ctx, &rows, r.d.Rebind("SELECT audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at FROM "+
+		r.t.item+" WHERE audit_id = ? ORDER BY dead_letter_id"), auditID); err != nil {
 		return nil, fmt.Errorf("replay: audit items: %w", err)
 	}
 	items := make([]AuditItem, len(rows))

@@ -5,6 +5,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/configtest"
 )
 
 // Every invalid Config field gives an ErrConfig naming that field, so an
@@ -12,12 +14,7 @@ import (
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	ok := Config{DB: sqlx.NewDb(nil, "mysql"), NameServers: []string{"127.0.0.1:9876"}}
-	_, err := New(ok)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		field string
-		mod   func(*Config)
-	}{
+	configtest.FieldErrors(t, "replay: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"DB", func(c *Config) { c.DB = nil }},
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
 		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
@@ -25,14 +22,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Batch", func(c *Config) { c.Batch = -1 }},
 		{"MaxMessages", func(c *Config) { c.MaxMessages = -1 }},
 		{"SendTimeout", func(c *Config) { c.SendTimeout = -1 }},
-	} {
-		c := ok
-		tc.mod(&c)
-		_, err := New(c)
-		require.ErrorIs(t, err, ErrConfig, tc.field)
-		require.ErrorContains(t, err, tc.field)
-		require.ErrorContains(t, err, "replay: ")
-	}
+	})
 }
 
 // The deprecated NameServer still works alone; a Replayer without name

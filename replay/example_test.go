@@ -3,6 +3,7 @@ package replay_test
 import (
 	"context"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -18,11 +19,12 @@ func Example() {
 	if err != nil {
 		return
 	}
-	r, err := replay.New(replay.Config{DB: db, NameServers: []string{"127.0.0.1:9876"}, Rate: 5, Batch: 10})
-	if err != nil {
+	// Once per deploy: every rmqtx table, the audit tables included.
+	if err := schema.MigrateAll(ctx, db, ""); err != nil {
 		return
 	}
-	if err := r.Migrate(ctx); err != nil {
+	r, err := replay.New(replay.Config{DB: db, NameServers: []string{"127.0.0.1:9876"}, Rate: 5, Batch: 10})
+	if err != nil {
 		return
 	}
 	sel := replay.Selector{ConsumerGroup: "points", Since: time.Now().Add(-24 * time.Hour)}

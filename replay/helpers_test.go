@@ -3,6 +3,7 @@ package replay_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/rmqtx/rmqtx/schema"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func insertDeadLetter(t *testing.T, db *sqlx.DB, d deadLetter) int64 {
 func setupDB(t *testing.T) *sqlx.DB {
 	t.Helper()
 	db := testenv.DB(t)
-	require.NoError(t, consumer.Migrate(context.Background(), db, ""))
+	require.NoError(t, schema.MigrateAll(context.Background(), db, ""))
 	return db
 }
 
@@ -77,7 +78,6 @@ func newReplayer(t *testing.T, cfg replay.Config) *replay.Replayer {
 	t.Helper()
 	r, err := replay.New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, r.Migrate(context.Background()))
 	if len(cfg.NameServers) > 0 {
 		require.NoError(t, r.Start(context.Background()))
 		t.Cleanup(func() { _ = r.Close() })

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
@@ -88,7 +89,7 @@ type Report struct {
 }
 
 type tables struct {
-	audit, item, schema string
+	audit, item string
 }
 
 // Replayer replays dead letters. Create it with New; DryRun and Migrate work
@@ -97,6 +98,7 @@ type tables struct {
 type Replayer struct {
 	cfg  Config
 	t    tables
+	d    dialect.Dialect
 	dead *consumer.DeadLetterStore // the consumer's dead letters: selection, lock, resolution
 	tr   *otelx.Tracer             // nil: tracing off
 
@@ -121,7 +123,11 @@ func New(cfg Config) (*Replayer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Replayer{cfg: cfg, dead: dead, t: t, tr: otelx.New(cfg.TracerProvider)}, nil
+	d, err := dialect.For(cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return &Replayer{cfg: cfg, d: d, dead: dead, t: t, tr: otelx.New(cfg.TracerProvider)}, nil
 }
 
 // Config returns the configuration with defaults applied.
@@ -233,18 +239,15 @@ func (r *Replayer) Replay(ctx context.Context, req Request) (Report, error) {
 
 	// The start time comes from the database clock: new dead letters are
 	// stamped by it.
-	if err := r.cfg.DB.GetContext(ctx, &rep.StartedAt, "SELECT UTC_TIMESTAMP(6)"); err != nil {
+	if err := r.cfg.DB.GetContext(ctx, &rep.StartedAt, "SELECT "+r.d.Now()); err != nil {
 		return rep, fmt.Errorf("replay: read clock: %w", err)
 	}
 	rep.StartedAt = rep.StartedAt.UTC()
-	res, err := r.cfg.DB.ExecContext(ctx, "INSERT INTO "+r.t.audit+
-		" (operator, reason, scope, rate_limit, batch_size, result, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+	rep.AuditID, err = r.d.InsertID(ctx, r.cfg.DB, r.d.Rebind("INSERT INTO "+r.t.audit+
+		" (operator, reason, scope, rate_limit, batch_size, result, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)"), "id",
 		clip(req.Operator, 128), clip(req.Reason, 1024), string(scope), rep.Rate, rep.Batch, string(ResultRunning), rep.StartedAt)
 	if err != nil {
 		return rep, fmt.Errorf("replay: write audit row: %w", err)
-	}
-	if rep.AuditID, err = res.LastInsertId(); err != nil {
-		return rep, fmt.Errorf("replay: audit id: %w", err)
 	}
 	log := r.cfg.Logger.WithField("audit_id", rep.AuditID).WithField("operator", req.Operator)
 
@@ -268,11 +271,11 @@ func (r *Replayer) Replay(ctx context.Context, req Request) (Report, error) {
 		errText = clip(runErr.Error(), 2000)
 	}
 	if err := fctx.Err(); err == nil {
-		_ = r.cfg.DB.GetContext(fctx, &rep.FinishedAt, "SELECT UTC_TIMESTAMP(6)")
+		_ = r.cfg.DB.GetContext(fctx, &rep.FinishedAt, "SELECT "+r.d.Now())
 	}
 	rep.FinishedAt = rep.FinishedAt.UTC()
-	if _, err := r.cfg.DB.ExecContext(fctx, "UPDATE "+r.t.audit+" SET selected = ?, sent = ?, failed = ?, skipped = ?,"+
-		" new_dead_letters = ?, result = ?, error_text = ?, finished_at = ? WHERE id = ?",
+	if _, err := r.cfg.DB.ExecContext(fctx, r.d.Rebind("UPDATE "+r.t.audit+" SET selected = ?, sent = ?, failed = ?, skipped = ?,"+
+		" new_dead_letters = ?, result = ?, error_text = ?, finished_at = ? WHERE id = ?"),
 		rep.Selected, rep.Sent, rep.Failed, rep.Skipped, rep.NewDeadLetters, string(rep.Result), errText, rep.FinishedAt, rep.AuditID); err != nil {
 		return rep, errors.Join(runErr, fmt.Errorf("replay: finish audit row %d: %w", rep.AuditID, err))
 	}
@@ -294,7 +297,7 @@ func (r *Replayer) run(ctx context.Context, prod rmq.Producer, req Request, rep 
 		rep.Result = ResultEmpty
 		return nil
 	}
-	if _, err := r.cfg.DB.ExecContext(ctx, "UPDATE "+r.t.audit+" SET selected = ? WHERE id = ?", rep.Selected, rep.AuditID); err != nil {
+	if _, err := r.cfg.DB.ExecContext(ctx, r.d.Rebind("UPDATE "+r.t.audit+" SET selected = ? WHERE id = ?"), rep.Selected, rep.AuditID); err != nil {
 		return fmt.Errorf("replay: audit: %w", err)
 	}
 	lim := rate.NewLimiter(rate.Limit(rep.Rate), 1)
@@ -325,7 +328,7 @@ func (r *Replayer) run(ctx context.Context, prod rmq.Producer, req Request, rep 
 			return err
 		}
 		rep.NewDeadLetters = n
-		if _, err := r.cfg.DB.ExecContext(ctx, "UPDATE "+r.t.audit+" SET sent = ?, failed = ?, skipped = ?, new_dead_letters = ? WHERE id = ?",
+		if _, err := r.cfg.DB.ExecContext(ctx, r.d.Rebind("UPDATE "+r.t.audit+" SET sent = ?, failed = ?, skipped = ?, new_dead_letters = ? WHERE id = ?"),
 			rep.Sent, rep.Failed, rep.Skipped, n, rep.AuditID); err != nil {
 			return fmt.Errorf("replay: audit progress: %w", err)
 		}
@@ -358,9 +361,11 @@ func (r *Replayer) record(ctx context.Context, rep *Report, it Item) {
 	if it.Result == ItemSent {
 		return // written in the send transaction
 	}
-	if _, err := r.cfg.DB.ExecContext(ctx, "INSERT INTO "+r.t.item+
-		" (audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"+
-		" ON DUPLICATE KEY UPDATE result = VALUES(result), detail = VALUES(detail), at = VALUES(at)",
+	d := r.d
+	if _, err := r.cfg.DB.ExecContext(ctx, d.Rebind(d.Upsert(r.t.item,
+		"audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at", "?, ?, ?, ?, ?, ?, ?, ?, "+d.Now(),
+		"audit_id, dead_letter_id",
+		"result = "+d.Excluded("result")+", detail = "+d.Excluded("detail")+", at = "+d.Excluded("at"))),
 		rep.AuditID, it.DeadLetterID, clip(it.ConsumerGroup, 255), clip(it.EventID, 128), clip(it.Topic, 255), it.Result, clip(it.MsgID, 128), clip(it.Detail, 512)); err != nil {
 		r.cfg.Logger.WithError(err).WithField("dead_letter_id", it.DeadLetterID).Warn("replay: cannot write audit item")
 	}
@@ -418,8 +423,8 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	note := fmt.Sprintf("replayed by %s (audit %d)", clip(req.Operator, 128), auditID)
 	err = r.dead.MarkReplayedTx(ctx, tx, l.ID, note)
 	if err == nil {
-		_, err = tx.ExecContext(ctx, "INSERT INTO "+r.t.item+
-			" (audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, '', UTC_TIMESTAMP(6))",
+		_, err = tx.ExecContext(ctx, r.d.Rebind("INSERT INTO "+r.t.item+
+			" (audit_id, dead_letter_id, consumer_group, event_id, topic, result, msg_id, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, '', "+r.d.Now()+")"),
 			auditID, l.ID, clip(l.ConsumerGroup, 255), clip(l.EventID, 128), clip(l.Topic, 255), ItemSent, clip(res.MsgID, 128))
 	}
 	if err == nil {

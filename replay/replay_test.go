@@ -273,7 +273,7 @@ func TestDryRunSelectors(t *testing.T) {
 
 func TestRequestValidation(t *testing.T) {
 	t.Parallel()
-	r, err := replay.New(replay.Config{DB: &sqlx.DB{}})
+	r, err := replay.New(replay.Config{DB: sqlx.NewDb(nil, "mysql")})
 	require.NoError(t, err)
 	_, err = r.Replay(context.Background(), replay.Request{Selector: replay.Selector{ConsumerGroup: "g"}, Reason: "x"})
 	require.ErrorIs(t, err, replay.ErrRequest, "operator required")
@@ -283,7 +283,7 @@ func TestRequestValidation(t *testing.T) {
 	require.ErrorIs(t, err, replay.ErrNotStarted)
 	_, err = replay.New(replay.Config{})
 	require.ErrorIs(t, err, replay.ErrConfig)
-	_, err = replay.New(replay.Config{DB: &sqlx.DB{}, TablePrefix: "bad-prefix;"})
+	_, err = replay.New(replay.Config{DB: sqlx.NewDb(nil, "mysql"), TablePrefix: "bad-prefix;"})
 	require.ErrorIs(t, err, replay.ErrConfig)
 	require.Error(t, r.Start(context.Background()), "no name server")
 	require.NoError(t, r.Close())

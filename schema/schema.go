@@ -4,22 +4,26 @@
 // the replay audit (replay).
 //
 // Each table has one owner, the package named above: it holds the table's
-// migrations, exports its name, the columns and states other packages read,
-// and the queries they run. This package only runs the owners' migrations,
-// in dependency order (the replay audit refers to the dead letters), so it
-// imports them and none of them imports it. Call MigrateAll at deploy time or
-// at start-up; `rmqtx migrate` does the same. Every step is idempotent and
-// serialized with a named lock, so several processes may run it at once.
+// migrations (one folder per database dialect), every query on the table
+// and its state names; other packages call the owner's functions. This
+// package only runs the owners' migrations as one plan, in dependency order
+// (the replay audit refers to the dead letters), so it imports them and
+// none of them imports it. Call MigrateAll at deploy time or at start-up;
+// `rmqtx migrate` does the same. Every step is idempotent and serialized
+// with a named lock, so several processes may run it at once.
 package schema
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/internal/migrate"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/replay"
@@ -32,42 +36,39 @@ const DefaultPrefix = sqlname.DefaultPrefix
 // ErrConfig is wrapped by errors about the arguments (nil DB, bad prefix).
 var ErrConfig = errors.New("schema: invalid argument")
 
+// VersionTable is the suffix of the one table that records which
+// migrations ran: <prefix>schema_migrations, one row per (part, version).
+const VersionTable = "schema_migrations"
+
 // part is one owner's share of the schema.
 type part struct {
-	name    string // "txlog", "outbox", "consumer", "replay audit"
-	migrate func(ctx context.Context, db *sqlx.DB, prefix string) error
-	tables  func(prefix string) ([]string, error)
+	name       string // "txlog", "outbox", "consumer", "replay audit"
+	migrations func(dialect, prefix string) (fs.FS, map[string]string, error)
+	tables     func(prefix string) ([]string, error)
+	// legacy is the suffix of the version table this owner kept before
+	// the single plan; its versions are adopted on the first run.
+	legacy string
 }
 
 // parts are the owners of rmqtx's tables, in the order MigrateAll migrates
-// them.
+// them (the replay audit refers to the dead letters).
 var parts = []part{
-	{name: "txlog",
-		migrate: func(ctx context.Context, db *sqlx.DB, prefix string) error {
-			s, err := txlog.New(db, prefix)
-			if err != nil {
-				return err
-			}
-			return s.Migrate(ctx)
-		},
+	{name: "txlog", migrations: txlog.Migrations, legacy: "txlog_schema",
 		tables: func(prefix string) ([]string, error) {
 			n, err := txlog.TableName(prefix)
 			return []string{n}, err
 		}},
-	{name: "outbox",
-		migrate: outbox.Migrate,
+	{name: "outbox", migrations: outbox.Migrations, legacy: "outbox_schema",
 		tables: func(prefix string) ([]string, error) {
 			t, err := outbox.NewTable(prefix)
 			return []string{t.Name()}, err
 		}},
-	{name: "consumer",
-		migrate: consumer.Migrate,
+	{name: "consumer", migrations: consumer.Migrations, legacy: "consumer_schema",
 		tables: func(prefix string) ([]string, error) {
 			t, err := consumer.Tables(prefix)
 			return []string{t.ConsumeLog, t.AggregateVersion, t.Attempt, t.DeadLetter}, err
 		}},
-	{name: "replay audit",
-		migrate: replay.Migrate,
+	{name: "replay audit", migrations: replay.Migrations, legacy: "replay_schema",
 		tables: func(prefix string) ([]string, error) {
 			t, err := replay.Tables(prefix)
 			return []string{t.Audit, t.AuditItem}, err
@@ -75,21 +76,36 @@ var parts = []part{
 }
 
 // MigrateAll creates or upgrades every rmqtx table under prefix ("" means
-// DefaultPrefix), owner by owner in the order of PartNames. It is idempotent;
-// on error the parts before the failing one are migrated and the error names
-// the part.
+// DefaultPrefix): one plan, the owners' steps in the order of PartNames,
+// recorded in one version table (<prefix>schema_migrations). It is the only
+// way rmqtx migrates. It is idempotent and serialized with the database's
+// named lock, so several processes may run it at once. A database created
+// by a release that kept one version table per owner (<prefix>txlog_schema
+// and the like) is adopted: the versions those tables record are not run
+// again, and the old tables are left in place. On error the parts before
+// the failing one are migrated and the error names the part.
 func MigrateAll(ctx context.Context, db *sqlx.DB, prefix string) error {
 	if db == nil {
-		return fmt.Errorf("%w: nil DB", ErrConfig)
+		return fmt.Errorf("%w: DB is required", ErrConfig)
 	}
-	prefix, err := validPrefix(prefix)
+	d, err := dialect.For(db)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	prefix, err = validPrefix(prefix)
 	if err != nil {
 		return err
 	}
+	plan := make([]migrate.Part, 0, len(parts))
 	for _, p := range parts {
-		if err := p.migrate(ctx, db, prefix); err != nil {
-			return fmt.Errorf("schema: migrate %s: %w", p.name, err)
+		fsys, names, err := p.migrations(d.Name(), prefix)
+		if err != nil {
+			return fmt.Errorf("schema: %s: %w", p.name, err)
 		}
+		plan = append(plan, migrate.Part{Name: p.name, FS: fsys, Replace: names, Legacy: prefix + p.legacy})
+	}
+	if err := migrate.Run(ctx, db, prefix+VersionTable, plan...); err != nil {
+		return fmt.Errorf("schema: %w", err)
 	}
 	return nil
 }

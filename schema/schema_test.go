@@ -19,25 +19,28 @@ import (
 	"github.com/rmqtx/rmqtx/schema"
 )
 
-// createdTables reads every embedded migration of the repository (any
-// <pkg>/migrations/*.sql) and returns the tables they create under prefix,
+// createdTables reads every embedded MySQL migration of the repository (any
+// <pkg>/migrations/mysql/*.sql) and returns the tables they create under prefix,
 // so a package that adds migrations MigrateAll does not run fails the test.
 func createdTables(t *testing.T, prefix string) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("..", "*", "migrations", "*.sql"))
+	files, err := filepath.Glob(filepath.Join("..", "*", "migrations", "mysql", "*.sql"))
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
-	create := regexp.MustCompile(`(?i)CREATE TABLE (?:IF NOT EXISTS )?(\{\{(table|prefix)\}\})([A-Za-z0-9_]*)`)
+	create := regexp.MustCompile(`(?i)CREATE TABLE (?:IF NOT EXISTS )?(\{\{([a-z_]+)\}\})([A-Za-z0-9_]*)`)
 	var out []string
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
-		pkg := filepath.Base(filepath.Dir(filepath.Dir(f)))
+		pkg := filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(f))))
 		for _, m := range create.FindAllStringSubmatch(string(b), -1) {
-			if m[2] == "table" { // {{table}} is <prefix><package>
+			switch m[2] {
+			case "table": // {{table}} is <prefix><package>
 				out = append(out, prefix+pkg+m[3])
-			} else {
+			case "prefix":
 				out = append(out, prefix+m[3])
+			default: // {{name}} is <prefix><name>
+				out = append(out, prefix+m[2]+m[3])
 			}
 		}
 	}
@@ -71,7 +74,7 @@ func TestMigrateAllCreatesEveryTable(t *testing.T) {
 	tablesNow := func() []string {
 		var names []string
 		require.NoError(t, db.SelectContext(ctx, &names, "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"+
-			" AND table_name LIKE ? AND table_name NOT LIKE '%\\_schema' ORDER BY table_name", prefix+"%"))
+			" AND table_name LIKE ? AND table_name <> ? ORDER BY table_name", prefix+"%", prefix+schema.VersionTable))
 		return names
 	}
 	require.Empty(t, tablesNow())
@@ -90,10 +93,12 @@ func TestMigrateAllCreatesEveryTable(t *testing.T) {
 	want := createdTables(t, prefix)
 	require.Equal(t, want, tablesNow())
 
-	// Idempotent, and the per-package call finds nothing left to do.
+	// Idempotent: a second run finds nothing left to do.
 	require.NoError(t, schema.MigrateAll(ctx, db, prefix))
-	require.NoError(t, consumer.Migrate(ctx, db, prefix))
 	require.Equal(t, want, tablesNow())
+	var parts []string
+	require.NoError(t, db.SelectContext(ctx, &parts, "SELECT DISTINCT part FROM "+prefix+schema.VersionTable+" ORDER BY part"))
+	require.ElementsMatch(t, schema.PartNames(), parts, "one version table records every owner's steps")
 
 	// The tables are usable by their owners: a dead-letter count works.
 	store, err := consumer.NewDeadLetterStore(db, prefix)

@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,50 +17,129 @@ import (
 )
 
 // owners: the package that owns each table suffix and each persisted state.
-// Nobody else may spell them in SQL or build a table name from them.
+// Nobody else may spell them in SQL, pass them as bare strings, or build a
+// table name from them.
 var owners = map[string]struct{ tables, states []string }{
 	"txlog":    {[]string{"txlog"}, []string{"COMMITTED", "ROLLED_BACK"}},
 	"outbox":   {[]string{"outbox"}, []string{"PENDING", "SENDING", "SENT", "RETRY", "DEAD"}},
-	"consumer": {[]string{"consume_log", "consume_attempt", "aggregate_version", "dead_letter"}, []string{"SUCCESS", "STALE", "PARKED", "REPLAYED", "DISCARDED"}},
+	"consumer": {[]string{"consume_log", "consume_attempt", "aggregate_version", "dead_letter"}, []string{"SUCCESS", "STALE", "PARKED", "REPLAYED", "DISCARDED", "RETRYING"}},
 	"replay":   {[]string{"replay_audit", "replay_audit_item"}, []string{"RUNNING", "COMPLETED", "STOPPED", "FAILED"}},
 }
 
-// scanned: every library package and the CLI (examples are user code).
-var scanned = []string{"txlog", "outbox", "consumer", "replay", "archive", "inspect", "checkback", "txproducer", "metrics", "schema", "cmd/rmqtx"}
+// notLibrary are the folders that are not library code: user code
+// (examples, the bench, whose raw sides are what a user writes by hand),
+// test support, vendored code, and the one place dialect SQL lives.
+var notLibrary = []string{"examples", "cmd/rmqtx-bench", "third_party", "internal/testenv", "internal/testbed",
+	"internal/testscript", "internal/tools", "internal/configtest", "internal/dialect", "interop", "faultsuite", "clustersuite", "deploy", "docker"}
+
+// mysqlOnly are tokens of MySQL/MariaDB SQL or its driver that no library
+// package may use outside internal/dialect and the owners' migrations.
+var mysqlOnly = regexp.MustCompile(`(?i)ON DUPLICATE KEY|LAST_INSERT_ID|GET_LOCK|RELEASE_LOCK|UTC_TIMESTAMP|INSERT IGNORE|REPLACE INTO|@@SESSION|` +
+	`LOCK IN SHARE MODE|TIMESTAMPDIFF|INTERVAL \? MICROSECOND|ENGINE\s*=|\bDATABASE\(\)`)
 
 var sqlWord = regexp.MustCompile(`\b(SELECT|INSERT|UPDATE|DELETE|FROM|JOIN|INTO|WHERE)\b`)
 
-// TestOneOwnerPerTable fails when a package spells another package's table
-// name or persisted state in SQL, or builds another package's table name
-// from a prefix ("prefix + \"outbox\""): each table's owner exports what the
-// others read, so a column or state changes in one place.
-func TestOneOwnerPerTable(t *testing.T) {
-	var problems []string
-	for _, pkg := range scanned {
-		files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
-		require.NoError(t, err)
-		require.NotEmpty(t, files, pkg)
-		for _, f := range files {
-			if strings.HasSuffix(f, "_test.go") {
-				continue
-			}
-			problems = append(problems, scanFile(t, pkg, f)...)
-		}
-	}
-	sort.Strings(problems)
-	require.Empty(t, problems, "table names or states spelled outside their owner:\n%s", strings.Join(problems, "\n"))
+// TestSeams fails when a library package spells another package's table,
+// state or column export, or MySQL-only SQL outside the dialect.
+func TestSeams(t *testing.T) {
+	problems, files := seamViolations(t, "..")
+	require.Greater(t, files, 50, "the scan must cover the library's files")
+	require.Empty(t, problems, "seam violations:\n%s", strings.Join(problems, "\n"))
 }
 
+// TestSeamsCatchPlantedViolations proves the scan fails on each kind of
+// violation, planted in a scratch tree laid out like the repository.
+func TestSeamsCatchPlantedViolations(t *testing.T) {
+	for name, src := range map[string]string{
+		"sprintf table": `package inspect
+import "fmt"
+func q(p string) string { return fmt.Sprintf("SELECT 1 FROM %soutbox", p) }`,
+		"concatenated table": `package archive
+func n(p string) string { return p + "dead_letter" }`,
+		"state in sql": `package inspect
+const q = "SELECT n FROM t WHERE status = 'RETRYING'"`,
+		"bare state comparison": `package archive
+func f(s string) bool { return s == "SENT" }`,
+		"column export": `package txlog
+const ColEventID = "event_id"`,
+		"mysql in internal": `package retire
+const q = "INSERT IGNORE INTO t VALUES (1)"`,
+		"mysql driver import": `package outbox
+import _ "github.com/go-sql-driver/mysql"`,
+		"mysql error type": `package consumer
+import "github.com/go-sql-driver/mysql"
+var _ *mysql.MySQLError`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			pkg := strings.TrimPrefix(strings.SplitN(src, "\n", 2)[0], "package ")
+			dir := filepath.Join(root, pkg)
+			if pkg == "retire" {
+				dir = filepath.Join(root, "internal", pkg)
+			}
+			require.NoError(t, os.MkdirAll(dir, 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "x.go"), []byte(src+"\n"), 0o644))
+			problems, files := seamViolations(t, root)
+			require.Equal(t, 1, files)
+			require.NotEmpty(t, problems, "the planted violation must be found")
+		})
+	}
+}
+
+// seamViolations scans every non-test .go file of the library under root.
+func seamViolations(t *testing.T, root string) (problems []string, files int) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			for _, skip := range notLibrary {
+				if rel == skip {
+					return filepath.SkipDir
+				}
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		files++
+		problems = append(problems, scanFile(t, filepath.Base(filepath.Dir(path)), path)...)
+		return nil
+	})
+	require.NoError(t, err)
+	sort.Strings(problems)
+	return problems, files
+}
+
+// driverUsers may open connections with the MySQL driver (DSN parsing,
+// connectors): programs and the local environment, not library packages.
+var driverUsers = []string{"cmd/rmqtx", "internal/localenv"}
+
 func scanFile(t *testing.T, pkg, file string) []string {
+	rel := filepath.ToSlash(filepath.Dir(file))
+	opensConnections := false
+	for _, d := range driverUsers {
+		if strings.HasSuffix(rel, "/"+d) {
+			opensConnections = true
+		}
+	}
 	fset := token.NewFileSet()
 	src, err := os.ReadFile(file)
 	require.NoError(t, err)
 	f, err := parser.ParseFile(fset, file, src, 0)
 	require.NoError(t, err)
 	var out []string
+	at := func(n ast.Node) string { return fset.Position(n.Pos()).String() }
 	foreign := func(s string, what func(owner string) []string, match func(s, name string) bool) (string, string, bool) {
 		for owner := range owners {
-			if owner == filepath.Base(pkg) {
+			if owner == pkg {
 				continue
 			}
 			for _, name := range what(owner) {
@@ -73,14 +153,41 @@ func scanFile(t *testing.T, pkg, file string) []string {
 	tables := func(owner string) []string { return owners[owner].tables }
 	states := func(owner string) []string { return owners[owner].states }
 	// A table in SQL text: after FROM, JOIN, INTO, UPDATE or TABLE (whatever
-	// prefix is spelled before it), or with the default prefix anywhere.
+	// prefix or %s is spelled before it), or with the default prefix.
 	word := func(s, name string) bool {
 		q := regexp.QuoteMeta(name)
-		return regexp.MustCompile(`(?i)\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+[A-Za-z0-9_]*` + q + `\b|\brmqtx_` + q + `\b`).MatchString(s)
+		return regexp.MustCompile(`(?i)\b(FROM|JOIN|INTO|UPDATE|TABLE)\s+[%A-Za-z0-9_]*` + q + `\b|\brmqtx_` + q + `\b`).MatchString(s)
+	}
+	for _, imp := range f.Imports {
+		if p, _ := strconv.Unquote(imp.Path.Value); p == "github.com/go-sql-driver/mysql" && !opensConnections {
+			out = append(out, at(imp)+": imports the MySQL driver outside internal/dialect")
+		}
 	}
 	ast.Inspect(f, func(n ast.Node) bool {
 		switch x := n.(type) {
+		case *ast.ValueSpec:
+			for _, id := range x.Names {
+				if regexp.MustCompile(`^Col[A-Z]`).MatchString(id.Name) {
+					out = append(out, at(id)+": exports column name "+id.Name+" (owners call functions, they do not export columns)")
+				}
+			}
+		case *ast.SelectorExpr:
+			if id, ok := x.X.(*ast.Ident); ok && id.Name == "mysql" && !opensConnections {
+				out = append(out, at(x)+": uses mysql."+x.Sel.Name+" outside internal/dialect")
+			}
 		case *ast.BinaryExpr:
+			// status == "SENT": a state compared as a bare string.
+			if x.Op == token.EQL || x.Op == token.NEQ {
+				for _, side := range []ast.Expr{x.X, x.Y} {
+					if lit, ok := side.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						s, _ := strconv.Unquote(lit.Value)
+						if owner, name, ok := foreign(s, states, func(s, name string) bool { return s == name }); ok {
+							out = append(out, at(lit)+": compares with "+owner+"'s state "+name+" (use the owner's constant)")
+						}
+					}
+				}
+				return true
+			}
 			// prefix + "outbox": a table name built by someone else.
 			if x.Op != token.ADD {
 				return true
@@ -88,7 +195,7 @@ func scanFile(t *testing.T, pkg, file string) []string {
 			if lit, ok := x.Y.(*ast.BasicLit); ok && lit.Kind == token.STRING {
 				s, _ := strconv.Unquote(lit.Value)
 				if owner, name, ok := foreign(s, tables, func(s, name string) bool { return s == name }); ok {
-					out = append(out, fset.Position(lit.Pos()).String()+": builds "+owner+"'s table "+name)
+					out = append(out, at(lit)+": builds "+owner+"'s table "+name)
 				}
 			}
 		case *ast.BasicLit:
@@ -97,11 +204,20 @@ func scanFile(t *testing.T, pkg, file string) []string {
 			}
 			s, _ := strconv.Unquote(x.Value)
 			if owner, name, ok := foreign(s, tables, word); ok && sqlWord.MatchString(s) {
-				out = append(out, fset.Position(x.Pos()).String()+": SQL names "+owner+"'s table "+name)
+				out = append(out, at(x)+": SQL names "+owner+"'s table "+name)
 			}
-			// A state in SQL quotes, also in a WHERE fragment.
+			// fmt.Sprintf("%soutbox", prefix): a built name.
+			if owner, name, ok := foreign(s, tables, func(s, name string) bool {
+				return regexp.MustCompile(`%[sv]` + regexp.QuoteMeta(name) + `\b`).MatchString(s)
+			}); ok {
+				out = append(out, at(x)+": formats "+owner+"'s table "+name)
+			}
+			// A state in SQL quotes.
 			if owner, name, ok := foreign(s, states, func(s, name string) bool { return strings.Contains(s, "'"+name+"'") }); ok {
-				out = append(out, fset.Position(x.Pos()).String()+": SQL spells "+owner+"'s state "+name)
+				out = append(out, at(x)+": spells "+owner+"'s state "+name+" in SQL")
+			}
+			if m := mysqlOnly.FindString(s); m != "" {
+				out = append(out, at(x)+": MySQL-only SQL "+strconv.Quote(m)+" outside internal/dialect")
 			}
 		}
 		return true

@@ -34,6 +34,8 @@ BROKER_B_PORT=${RMQTX_BROKER_B_PORT:-$((BROKER_PORT + 100))}
 # Heaps: one broker gets 512 MiB; each broker of the two-broker cluster 384 MiB.
 BROKER_HEAP=${RMQTX_BROKER_HEAP:-$([[ $BROKERS == 2 ]] && echo 384m || echo 512m)}
 # Short transaction-check settings for tests (the broker's defaults are 6000 / 30000 / 15).
+# broker.conf's transactionOpBatchInterval (1000) stays below TX_TIMEOUT_MS, so the
+# broker never re-checks an answered half; keep it that way (see start_broker).
 TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
 TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
@@ -209,7 +211,12 @@ start_broker() { # broker|broker-b
   port=$(broker_port "$svc") dir=$(broker_dir "$svc")
   mkdir -p "$dir/logs"
   port_open "$port" && die "port $port is taken by another process; set RMQTX_BROKER_PORT / RMQTX_BROKER_B_PORT"
-  log "starting RocketMQ $(broker_name "$svc") on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks)"
+  local op_batch
+  op_batch=$(sed -n 's/^transactionOpBatchInterval=//p' "$RMQ_DIR/$svc.conf")
+  log "starting RocketMQ $(broker_name "$svc") on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks, op batch ${op_batch:-3000}ms)"
+  if ((TX_TIMEOUT_MS <= ${op_batch:-3000})); then
+    log "note: RMQTX_TX_TIMEOUT_MS ${TX_TIMEOUT_MS} <= transactionOpBatchInterval ${op_batch:-3000}: the broker re-checks answered halves and stores committed events several times"
+  fi
   # shellcheck disable=SC2046
   ROCKETMQ_HOME="$RMQ_DIR/home" setsid java -Xms$BROKER_HEAP -Xmx$BROKER_HEAP -XX:MaxDirectMemorySize=512m $(java_common "$dir") \
     -cp "$LIB_DIR/*" org.apache.rocketmq.broker.BrokerStartup -c "$RMQ_DIR/$svc.conf" \

@@ -6,7 +6,7 @@
 // transaction, so the row appears exactly when the business data commits,
 // and an in-flight local transaction holds the row's primary-key lock for
 // its whole life. A check-back that finds no row once the fence age has
-// passed writes a ROLLED_BACK row with INSERT IGNORE (Store.Fence): it
+// passed writes a ROLLED_BACK row (Store.Fence, an insert that ignores a duplicate key): it
 // waits on that lock if the local transaction is still running, and the
 // final answer is whatever the row says afterwards. A local transaction
 // that starts after a fence fails on the duplicate key and rolls back. So
@@ -21,8 +21,9 @@
 // (internal/stmtcache), the insert on the caller's transaction included, so
 // each costs one round trip whatever the DSN.
 //
-// The Store keeps all SQL (MySQL 8 and MariaDB 10.11) behind one type so
+// The Store keeps all SQL behind one type, written through the database
+// seam (internal/dialect: MySQL 8 and MariaDB 10.11 today), so
 // the producer, check-back, recovery and the runbook tooling share it. The
 // table name carries a validated prefix (DefaultPrefix unless configured);
-// values are always bound. Migrate creates the schema idempotently.
+// values are always bound. schema.MigrateAll creates the schema.
 package txlog

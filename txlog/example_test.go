@@ -6,6 +6,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -17,11 +18,12 @@ func Example() {
 	if err != nil {
 		return
 	}
-	store, err := txlog.New(db, txlog.DefaultPrefix)
-	if err != nil {
+	// Once per deploy: every rmqtx table, one plan.
+	if err := schema.MigrateAll(ctx, db, txlog.DefaultPrefix); err != nil {
 		return
 	}
-	if err := store.Migrate(ctx); err != nil {
+	store, err := txlog.New(db, txlog.DefaultPrefix)
+	if err != nil {
 		return
 	}
 	row, err := store.Get(ctx, "0190b6a4-...")

@@ -1,40 +1,32 @@
 package txlog
 
 import (
-	"context"
 	"embed"
 	"fmt"
+	"io/fs"
 
-	"github.com/rmqtx/rmqtx/internal/migrate"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations
 var migrationFS embed.FS
 
-// Migration is one embedded schema step.
-type Migration = migrate.Migration
-
-// Migrations returns the embedded migrations in version order, with
-// {{table}} still in place.
-func Migrations() ([]Migration, error) {
-	ms, err := migrate.Load(migrationFS, "migrations")
-	if err != nil {
-		return nil, fmt.Errorf("txlog: %w", err)
+// Migrations returns the package's schema steps for the dialect named d
+// ("mysql"): the NNN_description.sql files of one folder, and the validated
+// table names that fill their {{...}} placeholders under prefix (used
+// verbatim, as in New; "" means no prefix). schema.MigrateAll runs them,
+// with every other owner's, as one plan.
+func Migrations(d, prefix string) (fs.FS, map[string]string, error) {
+	fsys, err := fs.Sub(migrationFS, "migrations/"+d)
+	if err == nil {
+		_, err = fs.Stat(fsys, ".")
 	}
-	return ms, nil
-}
-
-// Migrate creates or upgrades the schema. It is idempotent and safe to run
-// from several processes at once: runs are serialized with a named lock and
-// applied versions are recorded in <table>_schema.
-func (s *Store) Migrate(ctx context.Context) error {
-	err := migrate.Run(ctx, s.db, migrate.Plan{
-		FS: migrationFS, Dir: "migrations",
-		Replace:     map[string]string{"{{table}}": s.table},
-		SchemaTable: s.schemaTable,
-	})
 	if err != nil {
-		return fmt.Errorf("txlog: %w", err)
+		return nil, nil, fmt.Errorf("%w: no migrations for database %q", ErrInvalid, d)
 	}
-	return nil
+	table, err := sqlname.Table(prefix, TableSuffix)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return fsys, map[string]string{"{{table}}": table}, nil
 }

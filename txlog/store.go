@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
@@ -21,24 +21,24 @@ import (
 // concurrent use. Every method takes a context; callers on the check-back
 // path must give it a deadline.
 type Store struct {
-	db          *sqlx.DB
-	table       string
-	schemaTable string
-	q           queries
-	now         func() time.Time
+	db    *sqlx.DB
+	d     dialect.Dialect
+	table string
+	q     queries
+	now   func() time.Time
 	// stmts keeps the statements prepared: one round trip each whatever
 	// the DSN (package stmtcache), the insert included, which runs on the
 	// caller's transaction.
 	stmts *stmtcache.Cache
-	// getVar is the index in isolationVars of the variable getOne names;
-	// len(isolationVars) once neither is known (Get then always reads in
-	// a READ COMMITTED transaction).
+	// getVar is the index in the dialect's IsolationExprs of the one
+	// getOne reads; len(getOne) once none is known (Get then always reads
+	// in a READ COMMITTED transaction).
 	getVar atomic.Int32
 }
 
 type queries struct {
 	insert, insertIgnore, get, markRecovered, deleteBatch string
-	getOne                                                [len(isolationVars)]string
+	getOne                                                []string
 }
 
 const columns = "event_id, producer_group, topic, tags, msg_keys, event_type, state, payload, payload_hash, " +
@@ -51,36 +51,34 @@ func New(db *sqlx.DB, prefix string) (*Store, error) {
 	if db == nil {
 		return nil, invalid("nil database")
 	}
-	table, err := sqlname.Table(prefix, "txlog")
+	d, err := dialect.For(db)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	s := &Store{db: db, table: table, schemaTable: table + "_schema", now: func() time.Time { return time.Now().UTC() }}
+	table, err := sqlname.Table(prefix, TableSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	s := &Store{db: db, d: d, table: table, now: func() time.Time { return time.Now().UTC() }}
 	values := "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
 	s.q = queries{
-		insert:        "INSERT INTO " + table + " (" + columns + ") VALUES (" + values + ")",
-		insertIgnore:  "INSERT IGNORE INTO " + table + " (" + columns + ") VALUES (" + values + ")",
-		get:           "SELECT " + columns + " FROM " + table + " WHERE event_id = ?",
-		markRecovered: "UPDATE " + table + " SET recovered_at = ?, recovery_decision = ?, recovery_note = ? WHERE event_id = ?",
-		deleteBatch:   "DELETE FROM " + table + " WHERE state = ? AND resolved_at < ? ORDER BY resolved_at LIMIT ?",
+		insert:        d.Rebind("INSERT INTO " + table + " (" + columns + ") VALUES (" + values + ")"),
+		insertIgnore:  d.Rebind(d.InsertIgnore(table, columns, values, "event_id")),
+		get:           d.Rebind("SELECT " + columns + " FROM " + table + " WHERE event_id = ?"),
+		markRecovered: d.Rebind("UPDATE " + table + " SET recovered_at = ?, recovery_decision = ?, recovery_note = ? WHERE event_id = ?"),
+		deleteBatch:   d.Rebind(d.DeleteLimit(table, "state = ? AND resolved_at < ?", "resolved_at", "event_id")),
 	}
 	tcols := "t." + strings.ReplaceAll(columns, ", ", ", t.")
-	for i, v := range isolationVars {
+	for _, v := range d.IsolationExprs() {
 		// One row whether or not the event has one: the session's
 		// isolation level, joined with the row (NULLs when missing).
-		s.q.getOne[i] = "SELECT i.iso, " + tcols + " FROM (SELECT @@SESSION." + v + " AS iso) i LEFT JOIN " + table +
-			" t ON t.event_id = ?"
+		s.q.getOne = append(s.q.getOne, d.Rebind("SELECT i.iso, "+tcols+" FROM (SELECT "+v+" AS iso) i LEFT JOIN "+table+
+			" t ON t.event_id = ?"))
 	}
 	s.stmts = stmtcache.New(db)
 	stmtcache.CloseWith(s, s.stmts)
 	return s, nil
 }
-
-// isolationVars name the session's isolation level: MySQL 8 and MariaDB
-// 11.1+ know the first, MariaDB before 11.1 only the second.
-var isolationVars = [...]string{"transaction_isolation", "tx_isolation"}
-
-const errUnknownSystemVariable = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE
 
 // Table returns the table name, prefix included.
 func (s *Store) Table() string { return s.table }
@@ -188,10 +186,16 @@ func (s *Store) args(r *Row) ([]any, error) {
 	}, nil
 }
 
-// IsDuplicateKey reports whether err is MySQL/MariaDB error 1062.
+// IsDuplicateKey reports whether err is the database's duplicate-key
+// error (a unique key already holds the value), on any database rmqtx
+// supports.
 func IsDuplicateKey(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1062
+	for _, d := range dialect.All() {
+		if d.IsDuplicateKey(err) {
+			return true
+		}
+	}
+	return false
 }
 
 // Insert writes r inside the caller's transaction. The producer calls it as
@@ -233,17 +237,16 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: 
 // data; only at READ UNCOMMITTED is its answer not trusted, and Get reads
 // again in a READ COMMITTED transaction (four round trips).
 func (s *Store) Get(ctx context.Context, id string) (Row, error) {
-	if i := s.getVar.Load(); int(i) < len(isolationVars) {
+	if i := s.getVar.Load(); int(i) < len(s.q.getOne) {
 		var g getRow
 		err := s.stmts.Get(ctx, &g, s.q.getOne[i], id)
-		var me *mysql.MySQLError
 		switch {
-		case errors.As(err, &me) && me.Number == errUnknownSystemVariable:
+		case s.d.IsUnknownVariable(err):
 			s.getVar.CompareAndSwap(i, i+1)
 			return s.Get(ctx, id)
 		case err != nil:
 			return Row{}, fmt.Errorf("txlog: get %s: %w", id, err)
-		case !strings.EqualFold(g.Iso, "READ-UNCOMMITTED"):
+		case !s.d.ReadUncommitted(g.Iso):
 			if !g.EventID.Valid {
 				return Row{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 			}
@@ -270,8 +273,8 @@ func (s *Store) getTx(ctx context.Context, id string) (Row, error) {
 	return r.row(), nil
 }
 
-// Record writes r unless a row with its event id exists (INSERT IGNORE, in
-// its own autocommit statement), then reads the row back and returns it:
+// Record writes r unless a row with its event id exists (an insert that
+// ignores the duplicate key, in its own autocommit statement), then reads the row back and returns it:
 // the returned row, not r, is the decision. inserted reports whether r was
 // written. If a local transaction that inserted the same id is still
 // running, the INSERT waits on its row lock, so the answer is the local
@@ -316,7 +319,7 @@ func (s *Store) MarkRecovered(ctx context.Context, id string, d RecoveryDecision
 		return fmt.Errorf("txlog: mark recovered %s: %w", id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		// MySQL reports 0 for an unchanged row too; tell them apart.
+		// Some databases report 0 for an unchanged row too; tell them apart.
 		if _, err := s.Get(ctx, id); err != nil {
 			return err
 		}
@@ -400,7 +403,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 	where, args := f.where()
 	q := "SELECT " + cols + " FROM " + s.table + where + " ORDER BY created_at, event_id LIMIT ?"
 	var rs []dbRow
-	if err := s.db.SelectContext(ctx, &rs, q, append(args, limit)...); err != nil {
+	if err := s.db.SelectContext(ctx, &rs, s.d.Rebind(q), append(args, limit)...); err != nil {
 		return nil, fmt.Errorf("txlog: list: %w", err)
 	}
 	out := make([]Row, len(rs))
@@ -415,7 +418,7 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	f.After = nil
 	where, args := f.where()
 	var n int
-	if err := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+s.table+where, args...); err != nil {
+	if err := s.db.GetContext(ctx, &n, s.d.Rebind("SELECT COUNT(*) FROM "+s.table+where), args...); err != nil {
 		return 0, fmt.Errorf("txlog: count: %w", err)
 	}
 	return n, nil

@@ -3,12 +3,14 @@ package txlog_test
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -27,11 +29,14 @@ func TestNewValidatesPrefix(t *testing.T) {
 
 func TestMigrationsEmbedded(t *testing.T) {
 	t.Parallel()
-	ms, err := txlog.Migrations()
+	fsys, names, err := txlog.Migrations("mysql", "svc_")
 	require.NoError(t, err)
-	require.NotEmpty(t, ms)
-	require.Equal(t, 1, ms[0].Version)
-	require.Contains(t, ms[0].SQL, "CREATE TABLE IF NOT EXISTS {{table}}")
+	b, err := fs.ReadFile(fsys, "001_create_txlog.sql")
+	require.NoError(t, err)
+	require.Contains(t, string(b), "CREATE TABLE IF NOT EXISTS {{table}}")
+	require.Equal(t, map[string]string{"{{table}}": "svc_txlog"}, names)
+	_, _, err = txlog.Migrations("oracle", "svc_")
+	require.ErrorIs(t, err, txlog.ErrInvalid, "a dialect with no migrations is refused")
 }
 
 func setup(t *testing.T) *txlog.Store {
@@ -40,8 +45,7 @@ func setup(t *testing.T) *txlog.Store {
 	s, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	ctx := context.Background()
-	require.NoError(t, s.Migrate(ctx))
-	require.NoError(t, s.Migrate(ctx), "Migrate must be idempotent")
+	require.NoError(t, schema.MigrateAll(ctx, db, txlog.DefaultPrefix))
 	return s
 }
 

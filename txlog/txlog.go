@@ -52,7 +52,7 @@ type RecoveryDecision string
 // Recovery decisions.
 const (
 	RecoveryRepublished RecoveryDecision = "REPUBLISHED" // COMMITTED row: published again
-	RecoveryDropped     RecoveryDecision = "DROPPED"     // ROLLED_BACK row: dropped
+	RecoveryDropped     RecoveryDecision = "DROPPED"     // ROLLED_BACK row, or a half that did not commit the row: dropped
 	RecoveryFenced      RecoveryDecision = "FENCED"      // no row: fenced, then dropped
 	RecoveryConflict    RecoveryDecision = "CONFLICT"    // payload hash differs from the row: dropped
 	// RecoveryNoPayload: a COMMITTED row that cannot be published again from

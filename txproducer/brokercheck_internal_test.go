@@ -2,9 +2,12 @@ package txproducer
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 )
 
@@ -50,5 +53,43 @@ func TestFenceAgeAgainstBrokerSettings(t *testing.T) {
 	for _, bad := range []map[string]string{{}, conf("3000", "x", "5"), conf("3000", "2000", "-1")} {
 		_, err := fenceAgeAgainst("b:10911", DefaultFenceAge, bad)
 		require.Error(t, err, "%v", bad)
+	}
+}
+
+// A broker that checks halves no later than it writes their op records
+// (transactionTimeOut <= transactionOpBatchInterval, 3000 ms when the key is
+// absent) gets one warning naming it and both numbers; one that writes them
+// first, or whose settings cannot be read, gets none.
+func TestOpBatchWarning(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name           string
+		conf           map[string]string
+		warn           bool
+		timeout, batch int64
+	}{
+		{"test bed", map[string]string{"transactionTimeOut": "3000", "transactionOpBatchInterval": "1000"}, false, 0, 0},
+		{"broker defaults", map[string]string{"transactionTimeOut": "6000", "transactionOpBatchInterval": "3000"}, false, 0, 0},
+		{"equal", map[string]string{"transactionTimeOut": "3000", "transactionOpBatchInterval": "3000"}, true, 3000, 3000},
+		{"issue 27's run", map[string]string{"transactionTimeOut": "1000", "transactionOpBatchInterval": "3000"}, true, 1000, 3000},
+		{"key absent: 3000", map[string]string{"transactionTimeOut": "2000"}, true, 2000, 3000},
+		{"key absent, long timeout", map[string]string{"transactionTimeOut": "6000"}, false, 0, 0},
+		{"no timeout", map[string]string{"transactionOpBatchInterval": "3000"}, false, 0, 0},
+		{"bad interval", map[string]string{"transactionTimeOut": "1000", "transactionOpBatchInterval": "x"}, false, 0, 0},
+	} {
+		l, hook := test.NewNullLogger()
+		warnOpBatch(l, "127.0.0.1:10911", tc.conf)
+		if !tc.warn {
+			require.Empty(t, hook.AllEntries(), tc.name)
+			continue
+		}
+		require.Len(t, hook.AllEntries(), 1, tc.name)
+		e := hook.LastEntry()
+		require.Equal(t, logrus.WarnLevel, e.Level, tc.name)
+		require.Equal(t, "127.0.0.1:10911", e.Data["broker"], tc.name)
+		require.Equal(t, tc.timeout, e.Data["transactionTimeOut"], tc.name)
+		require.Equal(t, tc.batch, e.Data["transactionOpBatchInterval"], tc.name)
+		require.Contains(t, e.Message, "127.0.0.1:10911", tc.name)
+		require.Contains(t, e.Message, fmt.Sprintf("transactionTimeOut %d ms <= transactionOpBatchInterval %d ms", tc.timeout, tc.batch), tc.name)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
@@ -27,6 +28,8 @@ const (
 	DefaultLocalTxTimeout = 30 * time.Second
 	DefaultCheckTimeout   = checkback.DefaultQueryTimeout
 	DefaultFenceAge       = checkback.DefaultFenceAge
+	// DefaultBrokerWatchInterval: see Config.BrokerWatchInterval.
+	DefaultBrokerWatchInterval = 2 * time.Second
 	// DefaultMaxPayloadBytes leaves 64 KiB of the broker's default 4 MiB
 	// maxMessageSize for properties.
 	DefaultMaxPayloadBytes = 4<<20 - 64<<10
@@ -67,8 +70,15 @@ type Config struct {
 	// SendRetries is how often the client retries a failed half send.
 	// Default 2. Set -1 for none.
 	SendRetries int
-	// LocalTxTimeout bounds the local transaction, from its BEGIN (which
-	// overlaps the half message's send) to its COMMIT. Default 30 s. Keep it below FenceAge so checks rarely wait on a running one.
+	// LocalTxTimeout bounds the local transaction (the caller's function
+	// and the COMMIT), counted from the moment the broker stored the half
+	// message. BEGIN and the txlog INSERT overlap the half's send, but time
+	// spent waiting for the broker (SendTimeout per attempt, SendRetries
+	// attempts) is not charged to it: a Send that waited out a dead broker
+	// and stored its half on another still gets the whole budget, and one
+	// whose half was never stored fails with ErrSend (RetryWithNewID).
+	// Default 30 s. Keep it below FenceAge so checks rarely wait on a
+	// running one.
 	LocalTxTimeout time.Duration
 	// CheckTimeout bounds one check answer and the producer's own short
 	// txlog statements. Default 3 s.
@@ -107,10 +117,21 @@ type Config struct {
 	// broker: Start warns about a master that serves none of them.
 	// Default none.
 	WarmupTopics []string
-	// DisableRecovery does not start discard recovery (checkback.Recovery)
+	// BrokerWatchInterval is how often the producer asks the name server
+	// for the cluster's master brokers (one GET_BROKER_CLUSTER_INFO per
+	// interval, nothing else while the list does not change). A master
+	// that appears, a new broker or one that restarted (the name server
+	// drops a broker whose connection closes), is heartbeated at once and
+	// asked whether it lists this instance. Without it a restarted broker
+	// knows no instance of the group until the client's next heartbeat (up
+	// to 30 s), and its checks in between fail and count toward
+	// transactionCheckMax. Default 2 s; keep it below the brokers'
+	// transactionCheckInterval. Negative: do not watch.
+	BrokerWatchInterval time.Duration
+	// DisableRecovery does not start discard recovery (discard.Recovery)
 	// with the producer. Default false.
 	DisableRecovery bool
-	// RecoveryStartRetry: see checkback.RecoveryConfig.StartRetry. Default 5 s.
+	// RecoveryStartRetry: see discard.Config.StartRetry. Default 5 s.
 	RecoveryStartRetry time.Duration
 	// Metrics records sends, check answers, fences and recoveries. Default nil.
 	Metrics *metrics.Metrics
@@ -127,7 +148,7 @@ type Config struct {
 	// OnCheck, when set, is called after every check answer. Default none.
 	OnCheck func(checkback.Answer)
 	// OnRecovery, when set, is called after every recovery decision. Default none.
-	OnRecovery func(checkback.RecoveryResult)
+	OnRecovery func(discard.Result)
 	// Test holds hooks for tests; leave it zero.
 	Test TestHooks
 }
@@ -136,7 +157,9 @@ type Config struct {
 type TestHooks struct {
 	// BeforeLocalTx runs before the local transaction's BEGIN. BEGIN and
 	// the txlog INSERT overlap the half message's send, so the half may not
-	// be stored yet when it runs; the COMMIT waits for both.
+	// be stored yet when it runs; the COMMIT waits for both. Its ctx is the
+	// transaction's, which gets LocalTxTimeout's deadline only once the
+	// half is stored.
 	BeforeLocalTx func(ctx context.Context, eventID string)
 }
 
@@ -171,8 +194,11 @@ func (c Config) WithDefaults() Config {
 	if c.MaxPayloadBytes <= 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
+	if c.BrokerWatchInterval == 0 {
+		c.BrokerWatchInterval = DefaultBrokerWatchInterval
+	}
 	if c.RecoveryStartRetry <= 0 {
-		c.RecoveryStartRetry = checkback.DefaultStartRetry
+		c.RecoveryStartRetry = discard.DefaultStartRetry
 	}
 	c.Logger = rmqlog.OrQuiet(c.Logger)
 	return c

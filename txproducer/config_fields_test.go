@@ -7,6 +7,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/configtest"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -18,12 +19,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	other, err := txlog.New(sqlx.NewDb(&sql.DB{}, "mysql"), "")
 	require.NoError(t, err)
 	ok := Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", DB: db}
-	_, err = New(ok)
-	require.NoError(t, err)
-	for _, tc := range []struct {
-		field string
-		mod   func(*Config)
-	}{
+	configtest.FieldErrors(t, "txproducer: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"NameServers", func(c *Config) { c.NameServers = nil }},
 		{"NameServers", func(c *Config) { c.NameServers = []string{"nope"} }},
 		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
@@ -34,14 +30,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
 		{"MaxPayloadBytes", func(c *Config) { c.MaxPayloadBytes = 5 << 20 }},
 		{"WarmupTopics", func(c *Config) { c.WarmupTopics = []string{"a b"} }},
-	} {
-		c := ok
-		tc.mod(&c)
-		_, err := New(c)
-		require.ErrorIs(t, err, ErrConfig, tc.field)
-		require.ErrorContains(t, err, tc.field)
-		require.ErrorContains(t, err, "txproducer: ")
-	}
+	})
 }
 
 // The deprecated NameServer still works alone and agrees with NameServers

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -191,10 +192,10 @@ func TestCrashInsideLocalTx(t *testing.T) {
 func TestDiscardRecovery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	decisions := make(chan checkback.RecoveryResult, 16)
-	rec, err := checkback.NewRecovery(checkback.RecoveryConfig{
+	decisions := make(chan discard.Result, 16)
+	rec, err := discard.New(discard.Config{
 		NameServers: []string{b.s.NameServer}, Group: b.group, Log: b.store, StartRetry: time.Second,
-		OnDecision: func(r checkback.RecoveryResult) { decisions <- r },
+		OnDecision: func(r discard.Result) { decisions <- r },
 	})
 	require.NoError(t, err)
 	require.NoError(t, rec.Start(context.Background()))
@@ -204,7 +205,7 @@ func TestDiscardRecovery(t *testing.T) {
 	crashSend(t, b, failpoint.AfterLocalCommit, id)
 	require.Equal(t, txlog.StateCommitted, b.row(t, id).State)
 
-	var got checkback.RecoveryResult
+	var got discard.Result
 	select {
 	case got = <-decisions:
 	case <-time.After(120 * time.Second):

@@ -14,7 +14,7 @@
 // txlog through package checkback (found: its state; missing and young:
 // UNKNOWN; missing and older than FenceAge: fence, then what the row says).
 // A half message the broker gives up on is recovered from
-// TRANS_CHECK_MAX_TIME_TOPIC (checkback.Recovery, started by Start unless
+// TRANS_CHECK_MAX_TIME_TOPIC (discard.Recovery, started by Start unless
 // disabled). Start compares FenceAge with the brokers' check settings.
 //
 // One event id, one copy. Several half messages can carry one event id (a

@@ -1,6 +1,7 @@
 package txproducer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -157,6 +158,12 @@ func RetryAdvice(err error) Advice {
 func IsRetryable(err error) bool {
 	return RetryAdvice(err) != DontRetry
 }
+
+// Causes of the end of a local transaction's context (context.Cause).
+var (
+	errLocalTxTimeout = fmt.Errorf("txproducer: LocalTxTimeout reached after the half message was stored: %w", context.DeadlineExceeded)
+	errSendEnded      = errors.New("txproducer: send ended")
+)
 
 func wrapf(sentinel error, format string, args ...any) error {
 	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))

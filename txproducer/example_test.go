@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -27,7 +28,8 @@ func Example() {
 	if err != nil {
 		return
 	}
-	if err := p.Log().Migrate(ctx); err != nil {
+	// Once per deploy (or `rmqtx migrate`): every rmqtx table, one plan.
+	if err := schema.MigrateAll(ctx, db, ""); err != nil {
 		return
 	}
 	if err := p.Start(ctx); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"io"
 	"net"
 	"sync"
@@ -41,7 +42,7 @@ func setup(t *testing.T, queues int) *bundle {
 	db := testenv.DB(t)
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
+	require.NoError(t, schema.MigrateAll(context.Background(), db, txlog.DefaultPrefix))
 	_, err = db.Exec("CREATE TABLE orders (id VARCHAR(64) NOT NULL PRIMARY KEY, amount INT NOT NULL)")
 	require.NoError(t, err)
 	b := &bundle{s: s, db: db, store: store, topic: testenv.Name(t, "topic"), group: testenv.Name(t, "pg"), rec: newRecorder()}

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
@@ -46,12 +47,13 @@ type Producer struct {
 	db       *sqlx.DB
 	log      *txlog.Store
 	checker  *checkback.Checker
-	recovery *checkback.Recovery
+	recovery *discard.Recovery
 	tr       *otelx.Tracer // nil: tracing off
 
 	mu       sync.Mutex
 	state    lifecycle
 	tp       rocketmq.TransactionProducer
+	brokers  *watcher // nil: not watching (see rejoin.go)
 	inflight sync.WaitGroup
 	calls    sync.Map // *primitive.Message -> *call
 }
@@ -80,7 +82,7 @@ func New(cfg Config) (*Producer, error) {
 	}
 	p := &Producer{cfg: cfg, db: db, log: store, checker: checker, tr: otelx.New(cfg.TracerProvider)}
 	if !cfg.DisableRecovery {
-		p.recovery, err = checkback.NewRecovery(checkback.RecoveryConfig{
+		p.recovery, err = discard.New(discard.Config{
 			NameServers: cfg.NameServers, Group: cfg.Group, Log: store,
 			InstanceName: cfg.InstanceName + "-recovery", StartRetry: cfg.RecoveryStartRetry,
 			SendTimeout: cfg.SendTimeout, QueryTimeout: cfg.CheckTimeout,
@@ -105,7 +107,9 @@ func (p *Producer) InstanceName() string { return p.cfg.InstanceName }
 // Config.WarmupTopics), starts discard recovery, and begins answering
 // checks. With WarmupTopics it returns once every broker of those topics
 // has registered this instance (see warmup.go), so checks for older
-// transactions of the group can reach it before its first Send.
+// transactions of the group can reach it before its first Send. It then
+// watches the cluster's masters (Config.BrokerWatchInterval) and registers
+// this instance at once with a broker that restarts (see rejoin.go).
 func (p *Producer) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -115,7 +119,8 @@ func (p *Producer) Start(ctx context.Context) error {
 	case stateClosed:
 		return ErrClosed
 	}
-	if err := p.checkBrokerSettings(ctx); err != nil {
+	masters, err := p.checkBrokerSettings(ctx)
+	if err != nil {
 		return err
 	}
 	rmqlog.Install(p.cfg.Logger)
@@ -147,6 +152,7 @@ func (p *Producer) Start(ctx context.Context) error {
 		}
 	}
 	p.tp = tp
+	p.brokers = p.watchBrokers(tp, masters)
 	p.state = stateStarted
 	return nil
 }
@@ -192,13 +198,16 @@ type call struct {
 	half  string            // UNIQ_KEY of this Send's half message, set before it is sent
 	ran   bool
 
-	// txCtx bounds the local transaction (LocalTxTimeout); early is that
-	// transaction, begun while the half message is in flight.
-	txCtx context.Context
-	early *early
-	state State
-	dup   bool
-	err   error
+	// txCtx is the context of the local transaction: early is that
+	// transaction, begun while the half message is in flight. stopTx ends
+	// it: LocalTxTimeout after the half is stored (runLocal arms the
+	// timer), or when the Send ends without a stored half.
+	txCtx  context.Context
+	stopTx context.CancelCauseFunc
+	early  *early
+	state  State
+	dup    bool
+	err    error
 
 	// halfSp is the span of the half message's send, ended when the local
 	// transaction starts (or the send returns without running it).
@@ -268,11 +277,15 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	c.half = primitive.CreateUniqID()
 	rm.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, c.half)
 	c.row.Properties = rowProperties(c.props, c.half)
-	txCtx, cancel := context.WithTimeout(ctx, p.cfg.LocalTxTimeout)
-	defer cancel()
-	c.txCtx = txCtx
-	c.early = p.begin(txCtx, c.row)
-	defer c.early.discard()
+	// LocalTxTimeout bounds the caller's transaction, not the wait for the
+	// broker: the early transaction begins now, but its clock starts when
+	// the half is stored (runLocal). Until then the half's send bounds it
+	// (SendTimeout per attempt), and a Send that ends without a stored half
+	// stops it (discard).
+	c.txCtx, c.stopTx = context.WithCancelCause(ctx)
+	defer c.stopTx(errSendEnded)
+	c.early = p.begin(c.txCtx, c.row)
+	defer c.early.discard(c.stopTx)
 	p.calls.Store(rm, c)
 	defer p.calls.Delete(rm)
 
@@ -359,6 +372,11 @@ func (p *Producer) existing(c *call, row txlog.Row) {
 // a ROLLED_BACK row is persisted, or the row is another half's; otherwise
 // UNKNOWN and the check decides).
 func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionState {
+	// The half is stored: from now on the local transaction has
+	// LocalTxTimeout, however long the broker took (see send).
+	deadline := time.Now().Add(p.cfg.LocalTxTimeout)
+	expire := time.AfterFunc(p.cfg.LocalTxTimeout, func() { c.stopTx(errLocalTxTimeout) })
+	defer expire.Stop()
 	failpoint.Inject(failpoint.AfterHalfMessage)
 	c.ran = true
 	l := p.cfg.Logger.WithField("event_id", c.row.EventID)
@@ -366,7 +384,7 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 		// The client keeps a preset UNIQ_KEY, so this cannot happen; if it
 		// did, the row would name another half as the winner. The early
 		// row goes first: the fence below would wait on its lock.
-		c.early.discard()
+		c.early.discard(c.stopTx)
 		c.err = wrapf(ErrSend, "half message id changed in flight")
 		return p.rollback(c, l)
 	}
@@ -380,10 +398,8 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	}
 	failpoint.Inject(failpoint.InsideLocalTx)
 	// fn gets c.ctx (which carries the local-transaction span when tracing
-	// is on), bounded like the transaction itself (txCtx always has a
-	// deadline: LocalTxTimeout).
-	dl, _ := c.txCtx.Deadline()
-	ctx, cancel := context.WithDeadline(c.ctx, dl)
+	// is on), with the transaction's deadline.
+	ctx, cancel := context.WithDeadline(c.ctx, deadline)
 	defer cancel()
 	if err := callFn(ctx, c.fn, tx); err != nil {
 		_ = tx.Rollback()
@@ -412,7 +428,8 @@ type early struct {
 	err  error // wraps ErrDatabase, or is txlog.ErrDuplicate
 }
 
-// begin starts the early transaction for row. ctx bounds the transaction.
+// begin starts the early transaction for row. ctx bounds the transaction:
+// it has no deadline of its own while the half is in flight (see send).
 func (p *Producer) begin(ctx context.Context, row txlog.Row) *early {
 	e := &early{done: make(chan struct{})}
 	go func() {
@@ -452,11 +469,17 @@ func (e *early) take() (*sqlx.Tx, error) {
 	return tx, e.err
 }
 
-// discard waits for the early transaction and rolls it back unless take
-// handed it over (the half failed, or the client never ran the local
-// transaction).
-func (e *early) discard() {
-	<-e.done
+// discard rolls the early transaction back unless take handed it over
+// (the half failed, or the client never ran the local transaction). A BEGIN
+// or INSERT still running is stopped with stop: nothing of it is kept, and
+// with no stored half nothing else bounds it.
+func (e *early) discard(stop context.CancelCauseFunc) {
+	select {
+	case <-e.done:
+	default:
+		stop(errSendEnded)
+		<-e.done
+	}
 	if e.tx != nil {
 		_ = e.tx.Rollback()
 		e.tx = nil
@@ -575,6 +598,8 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 	if !wasStarted {
 		return nil
 	}
+	// The watcher heartbeats through the client: it stops before the client.
+	p.brokers.stop()
 	done := make(chan struct{})
 	go func() { p.inflight.Wait(); close(done) }()
 	var errs []error

@@ -2,6 +2,8 @@ package txproducer_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txproducer"
@@ -100,4 +103,46 @@ func TestHealthyStartLogsNoError(t *testing.T) {
 	for _, e := range hook.AllEntries() {
 		require.Greater(t, e.Level, logrus.ErrorLevel, "a committed Send logged at %s: %s %v", e.Level, e.Message, e.Data)
 	}
+}
+
+// Start reads the real broker's transactionTimeOut and
+// transactionOpBatchInterval and warns, naming the broker and both numbers,
+// exactly when the broker checks halves no later than it writes their op
+// records (it then re-stores committed events). The shared bed's broker
+// decides which case this run sees; the private broker of TestBrokerFaults
+// runs the bed's broker.conf, which must not warn.
+func TestStartWarnsAboutOpBatching(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conf, err := remoting.BrokerConfig(ctx, b.s.Broker, 5*time.Second)
+	require.NoError(t, err)
+	timeout, err := strconv.Atoi(conf["transactionTimeOut"])
+	require.NoError(t, err)
+	batch := 3000 // the broker's default when the key is absent
+	if v, ok := conf["transactionOpBatchInterval"]; ok {
+		batch, err = strconv.Atoi(v)
+		require.NoError(t, err)
+	}
+
+	l, hook := captureLogger()
+	cfg := b.config()
+	cfg.Logger = l
+	startProducer(t, cfg)
+	var w []*logrus.Entry
+	for _, e := range hook.AllEntries() {
+		if e.Level <= logrus.WarnLevel && strings.Contains(e.Message, "transactionOpBatchInterval") {
+			w = append(w, e)
+		}
+	}
+	if timeout > batch {
+		require.Empty(t, w, "transactionTimeOut %d > transactionOpBatchInterval %d: no warning", timeout, batch)
+		return
+	}
+	require.Len(t, w, 1, "transactionTimeOut %d <= transactionOpBatchInterval %d: one warning for the one broker", timeout, batch)
+	require.Equal(t, logrus.WarnLevel, w[0].Level)
+	require.Equal(t, b.s.Broker, w[0].Data["broker"])
+	require.Contains(t, w[0].Message, b.s.Broker)
+	require.Contains(t, w[0].Message, fmt.Sprintf("transactionTimeOut %d ms <= transactionOpBatchInterval %d ms", timeout, batch))
 }

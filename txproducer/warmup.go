@@ -110,33 +110,67 @@ func listsInstance(clientIDs []string, instance string) bool {
 
 // heartbeatNow makes the client heartbeat every broker in its route table
 // now, and returns once they answered. rocketmq-client-go has no public API
-// for it; the method is reached by reflection on the pinned client version
-// (it only reads the client field, which is set once at construction, and
-// calls a method that takes the client's own heartbeat lock). It reports
-// false, having done nothing, when the layout differs.
+// for it (see internalClient). It reports false, having done nothing, when
+// the client's layout differs.
 func heartbeatNow(tp rocketmq.TransactionProducer) (ok bool) {
 	defer func() {
 		if recover() != nil {
 			ok = false
 		}
 	}()
-	v := reflect.ValueOf(tp)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return false
-	}
-	dp := v.Elem().FieldByName("producer")
-	if !dp.IsValid() || dp.Kind() != reflect.Pointer || dp.IsNil() {
-		return false
-	}
-	c := dp.Elem().FieldByName("client")
-	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
-		return false
-	}
-	client := reflect.NewAt(c.Type(), unsafe.Pointer(c.UnsafeAddr())).Elem().Interface()
-	hb, ok := client.(interface{ SendHeartbeatToAllBrokerWithLock() })
+	hb, ok := internalClient(tp).(interface{ SendHeartbeatToAllBrokerWithLock() })
 	if !ok {
 		return false
 	}
 	hb.SendHeartbeatToAllBrokerWithLock()
 	return true
+}
+
+// refreshRoutes makes the client read the routes of its topics from the
+// name server now (it does every 30 s), which puts a broker that came back
+// into the table heartbeatNow walks: while a broker of a cluster is away,
+// the client's next heartbeat drops it from that table. It reports false,
+// having done nothing, when the client's layout differs.
+func refreshRoutes(tp rocketmq.TransactionProducer) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	r, ok := internalClient(tp).(interface{ UpdateTopicRouteInfo() })
+	if !ok {
+		return false
+	}
+	r.UpdateTopicRouteInfo()
+	return true
+}
+
+// internalClient returns the client instance behind tp (rocketmq-client-go's
+// internal RMQClient), or nil when the layout differs. The public
+// TransactionProducer offers only Start, Shutdown and
+// SendMessageInTransaction, and none of them heartbeats (a producer
+// heartbeats at once only in Request, for a topic it has never seen, and a
+// transaction producer has no Request). So the client is reached by
+// reflection, on the unmodified upstream layout of the pinned version: it
+// only reads the client field, which is set once at construction, and the
+// callers use methods that take the client's own locks, as its timers do.
+func internalClient(tp rocketmq.TransactionProducer) (client any) {
+	defer func() {
+		if recover() != nil {
+			client = nil
+		}
+	}()
+	v := reflect.ValueOf(tp)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return nil
+	}
+	dp := v.Elem().FieldByName("producer")
+	if !dp.IsValid() || dp.Kind() != reflect.Pointer || dp.IsNil() {
+		return nil
+	}
+	c := dp.Elem().FieldByName("client")
+	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
+		return nil
+	}
+	return reflect.NewAt(c.Type(), unsafe.Pointer(c.UnsafeAddr())).Elem().Interface()
 }

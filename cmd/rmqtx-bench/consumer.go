@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"sync/atomic"
 	"time"
 
@@ -102,7 +103,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 ) ENGINE=InnoDB`); err != nil {
 		return fail(fmt.Errorf("create table %s: %w", handDedup, err))
 	}
-	if err := consumer.Migrate(ctx, e.DB, prefix); err != nil {
+	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
 		return fail(fmt.Errorf("consumer migrate: %w", err))
 	}
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,7 +150,7 @@ func outboxDispatch(ctx context.Context, e *Env, index int, evs []outbox.Event, 
 	if err != nil {
 		return Round{}, err
 	}
-	if err := table.Migrate(ctx, e.DB); err != nil {
+	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
 		return Round{}, fmt.Errorf("outbox migrate: %w", err)
 	}
 	const batch = 200

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"sync/atomic"
 	"time"
 
@@ -307,11 +308,12 @@ func rawSendSyncSide(ctx context.Context, e *Env) (*loopSide, error) {
 
 // newTxlog creates (and migrates) a transaction log under a fresh prefix.
 func newTxlog(ctx context.Context, e *Env) (*txlog.Store, error) {
-	store, err := txlog.New(e.DB, e.Names.Name("tl")+"_")
+	tlPrefix := e.Names.Name("tl") + "_"
+	store, err := txlog.New(e.DB, tlPrefix)
 	if err != nil {
 		return nil, err
 	}
-	if err := store.Migrate(ctx); err != nil {
+	if err := schema.MigrateAll(ctx, e.DB, tlPrefix); err != nil {
 		return nil, fmt.Errorf("txlog migrate: %w", err)
 	}
 	if e.Opt.NoTxlogIdx {

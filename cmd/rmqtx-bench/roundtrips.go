@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"sync/atomic"
 	"time"
 
@@ -145,7 +146,7 @@ func runRoundTrips(ctx context.Context, e *Env) *Workload {
 		return fail(err)
 	}
 	prefix := e.Names.Name("rtc") + "_"
-	if err := consumer.Migrate(ctx, e.DB, prefix); err != nil {
+	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
 		return fail(err)
 	}
 	handler := func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
@@ -206,11 +207,12 @@ func runRoundTrips(ctx context.Context, e *Env) *Workload {
 	}
 
 	// Check-back: the txlog reads and the fence.
-	store, err := txlog.New(one, e.Names.Name("rtl")+"_")
+	rtl := e.Names.Name("rtl") + "_"
+	store, err := txlog.New(one, rtl)
 	if err != nil {
 		return fail(err)
 	}
-	if err := store.Migrate(ctx); err != nil {
+	if err := schema.MigrateAll(ctx, one, rtl); err != nil {
 		return fail(err)
 	}
 	committedID := envelope.NewEventID()
@@ -263,11 +265,12 @@ func (e *Env) countSend(ctx context.Context, one *sqlx.DB, measure func(string, 
 	if err := e.CreateTopic(ctx, topic, 4); err != nil {
 		return err
 	}
-	store, err := txlog.New(one, e.Names.Name("rtp")+"_")
+	rtp := e.Names.Name("rtp") + "_"
+	store, err := txlog.New(one, rtp)
 	if err != nil {
 		return err
 	}
-	if err := store.Migrate(ctx); err != nil {
+	if err := schema.MigrateAll(ctx, one, rtp); err != nil {
 		return err
 	}
 	p, err := txproducer.New(txproducer.Config{
@@ -320,7 +323,7 @@ func (e *Env) countOutbox(ctx context.Context, one *sqlx.DB, m *sqlcount.Meter, 
 	if err != nil {
 		return err
 	}
-	if err := table.Migrate(ctx, e.DB); err != nil {
+	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
 		return err
 	}
 	var seq atomic.Int64

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/rmqtx/rmqtx/outbox"
 	"io"
 	"slices"
 	"strconv"
@@ -233,7 +234,7 @@ func needsAttention(v inspect.EventView) bool {
 	if !v.Found() || len(v.Attempts) > 0 || len(v.BrokerErrors) > 0 {
 		return true
 	}
-	if v.Outbox != nil && v.Outbox.Status != "SENT" {
+	if v.Outbox != nil && v.Outbox.Status != string(outbox.StatusSent) {
 		return true
 	}
 	return anyParked(v.DeadLetters)

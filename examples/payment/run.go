@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"net"
 	"net/http"
 	"strings"
@@ -180,21 +181,13 @@ type app struct {
 	closers []func(ctx context.Context)
 }
 
-// Migrate creates every table the example uses: the txlog, the consumer
-// tables, the three outboxes and the business schema. It is idempotent.
+// Migrate creates every table the example uses: rmqtx's tables with
+// schema.MigrateAll (once for the service's prefix, once per outbox
+// prefix, since each outbox has its own; the other rmqtx tables under an
+// outbox prefix stay empty), then the business schema. It is idempotent.
 func Migrate(ctx context.Context, db *sqlx.DB) error {
-	store, err := txlog.New(db, rmqtxPrefix)
-	if err != nil {
-		return err
-	}
-	if err := store.Migrate(ctx); err != nil {
-		return err
-	}
-	if err := consumer.Migrate(ctx, db, rmqtxPrefix); err != nil {
-		return err
-	}
-	for _, p := range []string{payOutboxPrefix, orderOutboxPrefix, smsOutboxPrefix} {
-		if err := outbox.Migrate(ctx, db, p); err != nil {
+	for _, p := range []string{rmqtxPrefix, payOutboxPrefix, orderOutboxPrefix, smsOutboxPrefix} {
+		if err := schema.MigrateAll(ctx, db, p); err != nil {
 			return err
 		}
 	}

@@ -1,14 +1,15 @@
-// Package migrate applies the embedded SQL migrations of rmqtx's packages
-// (txlog, outbox, consumer, replay) with one runner: files named
-// NNN_description.sql, placeholders such as {{table}} or {{prefix}} replaced
-// by validated names, applied versions recorded in a schema table, and
-// concurrent runs serialized with a named lock (GET_LOCK), so several
-// processes may migrate at start-up. Works on MariaDB 10.6+ and MySQL 8.
+// Package migrate applies the embedded SQL migrations of rmqtx's table
+// owners (txlog, outbox, consumer, replay) as one ordered plan: each owner
+// is a Part with files named NNN_description.sql for the database's
+// dialect, placeholders such as {{table}} or {{prefix}} replaced by
+// validated names. Applied versions are recorded per part in one version
+// table, and concurrent runs are serialized with the dialect's named lock,
+// so several processes may migrate at start-up. schema.MigrateAll is the
+// only caller outside the owners' own tests.
 package migrate
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io/fs"
 	"path"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/dialect"
 )
 
 // Migration is one embedded schema step.
@@ -88,18 +91,54 @@ func Statements(src string, r *strings.Replacer) []string {
 	return out
 }
 
-// Plan says what Run applies.
-type Plan struct {
-	FS          fs.FS
-	Dir         string            // folder of NNN_*.sql files in FS
-	Replace     map[string]string // placeholder -> validated identifier
-	SchemaTable string            // validated name of the version table
+// Part is one owner's share of the plan.
+type Part struct {
+	// Name keys the part's versions in the version table ("txlog").
+	Name string
+	// FS holds the part's NNN_*.sql files at its root, for the dialect.
+	FS fs.FS
+	// Replace maps placeholders to validated identifiers.
+	Replace map[string]string
+	// Legacy is the version table a release before the single plan kept
+	// for this part ("" for none): its versions count as applied.
+	Legacy string
 }
 
-// Run applies the migrations of p that SchemaTable does not record yet. It
-// is idempotent. Errors are returned unwrapped-prefix; callers add theirs.
-func Run(ctx context.Context, db *sqlx.DB, p Plan) error {
-	ms, err := Load(p.FS, p.Dir)
+// lockWait bounds the wait for another process's migration.
+const lockWait = 60 * time.Second
+
+// Run applies, part by part in the order given, the migrations that
+// versionTable does not record yet. It is idempotent. Errors name the part
+// and file; callers add their package prefix.
+func Run(ctx context.Context, db *sqlx.DB, versionTable string, parts ...Part) error {
+	d, err := dialect.For(db)
+	if err != nil {
+		return err
+	}
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Close()
+	release, err := d.Lock(ctx, conn, "rmqtx_migrate_"+versionTable, lockWait)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer release()
+	if _, err := conn.ExecContext(ctx, createVersionTable(d, versionTable)); err != nil {
+		return fmt.Errorf("migrate: create %s: %w", versionTable, err)
+	}
+	record := d.Rebind(d.InsertIgnore(versionTable, "part, version, name, applied_at", "?, ?, ?, "+d.Now(), "part, version"))
+	for _, p := range parts {
+		if err := runPart(ctx, conn, d, versionTable, record, p); err != nil {
+			return fmt.Errorf("migrate %s: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+func runPart(ctx context.Context, conn *sqlx.Conn, d dialect.Dialect, versionTable, record string, p Part) error {
+	ms, err := Load(p.FS, ".")
 	if err != nil {
 		return err
 	}
@@ -108,37 +147,25 @@ func Run(ctx context.Context, db *sqlx.DB, p Plan) error {
 		pairs = append(pairs, k, v)
 	}
 	r := strings.NewReplacer(pairs...)
-
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	defer conn.Close()
-	lock := "rmqtx_migrate_" + p.SchemaTable
-	var got sql.NullInt64
-	if err := conn.GetContext(ctx, &got, "SELECT GET_LOCK(?, 60)", lock); err != nil {
-		return fmt.Errorf("migrate: lock: %w", err)
-	}
-	if !got.Valid || got.Int64 != 1 {
-		return fmt.Errorf("migrate: could not take lock %s within 60s", lock)
-	}
-	defer func() {
-		// Release on a fresh context: the caller's may be done.
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, _ = conn.ExecContext(rctx, "SELECT RELEASE_LOCK(?)", lock)
-	}()
-	if _, err := conn.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+p.SchemaTable+` (
-  version    INT          NOT NULL,
-  name       VARCHAR(255) NOT NULL,
-  applied_at DATETIME(6)  NOT NULL,
-  PRIMARY KEY (version)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`); err != nil {
-		return fmt.Errorf("migrate: create %s: %w", p.SchemaTable, err)
-	}
 	var applied []int
-	if err := conn.SelectContext(ctx, &applied, "SELECT version FROM "+p.SchemaTable); err != nil {
-		return fmt.Errorf("migrate: read %s: %w", p.SchemaTable, err)
+	if err := conn.SelectContext(ctx, &applied, d.Rebind("SELECT version FROM "+versionTable+" WHERE part = ?"), p.Name); err != nil {
+		return fmt.Errorf("read %s: %w", versionTable, err)
+	}
+	if len(applied) == 0 && p.Legacy != "" {
+		// A database created before the single plan: adopt the versions
+		// its own version table recorded, once. The old table stays.
+		legacy, err := legacyVersions(ctx, conn, d, p.Legacy)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if legacy[m.Version] {
+				if _, err := conn.ExecContext(ctx, record, p.Name, m.Version, m.Name); err != nil {
+					return fmt.Errorf("adopt %s version %d: %w", p.Legacy, m.Version, err)
+				}
+				applied = append(applied, m.Version)
+			}
+		}
 	}
 	done := make(map[int]bool, len(applied))
 	for _, v := range applied {
@@ -150,13 +177,43 @@ func Run(ctx context.Context, db *sqlx.DB, p Plan) error {
 		}
 		for _, stmt := range Statements(m.SQL, r) {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("migrate %s: %w", m.Name, err)
+				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 		}
-		if _, err := conn.ExecContext(ctx, "INSERT IGNORE INTO "+p.SchemaTable+" (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
-			m.Version, m.Name); err != nil {
-			return fmt.Errorf("migrate %s: record version: %w", m.Name, err)
+		if _, err := conn.ExecContext(ctx, record, p.Name, m.Version, m.Name); err != nil {
+			return fmt.Errorf("%s: record version: %w", m.Name, err)
 		}
 	}
 	return nil
+}
+
+// legacyVersions reads the versions of a pre-plan version table, none when
+// it does not exist.
+func legacyVersions(ctx context.Context, conn *sqlx.Conn, d dialect.Dialect, table string) (map[int]bool, error) {
+	var n int
+	if err := conn.GetContext(ctx, &n, d.Rebind(d.TableExistsQuery()), table); err != nil {
+		return nil, fmt.Errorf("look for %s: %w", table, err)
+	}
+	out := map[int]bool{}
+	if n == 0 {
+		return out, nil
+	}
+	var vs []int
+	if err := conn.SelectContext(ctx, &vs, "SELECT version FROM "+table); err != nil {
+		return nil, fmt.Errorf("read %s: %w", table, err)
+	}
+	for _, v := range vs {
+		out[v] = true
+	}
+	return out, nil
+}
+
+func createVersionTable(d dialect.Dialect, table string) string {
+	return "CREATE TABLE IF NOT EXISTS " + table + ` (
+  part       VARCHAR(64)  NOT NULL,
+  version    INT          NOT NULL,
+  name       VARCHAR(255) NOT NULL,
+  applied_at ` + d.TimestampType() + ` NOT NULL,
+  PRIMARY KEY (part, version)
+)` + d.TableOptions()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/schema"
 	"reflect"
 	"strings"
 	"sync"
@@ -217,7 +218,7 @@ func TestRealRollbackLeaksNoPayload(t *testing.T) {
 	p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: testenv.Name(t, "ptx"), DB: db,
 		Logger: l, DisableRecovery: true, FenceAge: 4 * time.Second, LocalTxTimeout: 3 * time.Second}) // fits the test broker's check timing
 	require.NoError(t, err)
-	require.NoError(t, p.Log().Migrate(ctx))
+	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 	require.NoError(t, p.Start(ctx))
 	t.Cleanup(func() { _ = p.Close() })
 

@@ -1,7 +1,7 @@
 // Package shutdown holds the one bound every rmqtx Close waits for.
 //
 // Each long-lived type (txproducer.Producer, consumer.Consumer,
-// checkback.Recovery, outbox.Dispatcher, outbox.RocketMQSink,
+// discard.Recovery, outbox.Dispatcher, outbox.RocketMQSink,
 // replay.Replayer) has Shutdown(ctx), which waits for work in flight as long
 // as ctx allows, and Close(), which is Shutdown bounded by
 // DefaultCloseTimeout. One bound everywhere means a deferred Close can never

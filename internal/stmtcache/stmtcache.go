@@ -24,25 +24,18 @@ package stmtcache
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"runtime"
 	"sync"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/dialect"
 )
 
 // retryPrepare is how long a statement the server refused to prepare runs
 // unprepared before preparing it is tried again.
 const retryPrepare = time.Minute
-
-// MySQL errors that mean "cannot prepare this here", not "the statement is
-// wrong": the statement can still run unprepared.
-const (
-	errMaxPreparedStmtCount = 1461 // ER_MAX_PREPARED_STMT_COUNT_REACHED
-	errUnsupportedPS        = 1295 // ER_UNSUPPORTED_PS
-)
 
 // errOtherDB is database/sql's text for a statement used on a transaction of
 // another *sql.DB: such a transaction runs the statement unprepared.
@@ -197,11 +190,14 @@ func (c *Cache) store(query string, st *sqlx.Stmt, err error) *sqlx.Stmt {
 	return st
 }
 
-// refused reports an error that makes a statement run unprepared instead.
+// refused reports an error that makes a statement run unprepared instead:
+// the server's "cannot prepare this here" (dialect.IsPrepareRefused), not
+// "the statement is wrong".
 func refused(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number == errMaxPreparedStmtCount || me.Number == errUnsupportedPS
+	for _, d := range dialect.All() {
+		if d.IsPrepareRefused(err) {
+			return true
+		}
 	}
 	return err.Error() == errOtherDB
 }

@@ -23,6 +23,7 @@ type Collector struct {
 	mu     sync.Mutex
 	counts map[string]int
 	msgs   map[string]*primitive.MessageExt
+	stored map[string]map[storedAt]bool // the distinct stored messages per id
 	total  int
 	cond   chan struct{}
 	pc     rocketmq.PushConsumer
@@ -33,7 +34,8 @@ type Collector struct {
 func Collect(t testing.TB, topic string) *Collector {
 	t.Helper()
 	s := Integration(t)
-	c := &Collector{counts: map[string]int{}, msgs: map[string]*primitive.MessageExt{}, cond: make(chan struct{})}
+	c := &Collector{counts: map[string]int{}, msgs: map[string]*primitive.MessageExt{}, stored: map[string]map[storedAt]bool{},
+		cond: make(chan struct{})}
 	group := Name(t, "collect")
 	pc, err := rocketmq.NewPushConsumer(
 		consumer.WithGroupName(group),
@@ -55,6 +57,10 @@ func Collect(t testing.TB, topic string) *Collector {
 			if _, ok := c.msgs[id]; !ok {
 				c.msgs[id] = m
 			}
+			if c.stored[id] == nil {
+				c.stored[id] = map[storedAt]bool{}
+			}
+			c.stored[id][storedAtOf(m)] = true
 			c.total++
 		}
 		close(c.cond)
@@ -91,6 +97,35 @@ func (c *Collector) Snapshot() Snapshot {
 		cp[k] = v
 	}
 	return Snapshot{Counts: cp, Total: c.total}
+}
+
+// storedAt is where the broker stored one message: a redelivery of it has
+// the same place, a second copy (a re-store, a republish, a re-send) another.
+type storedAt struct {
+	broker string
+	queue  int
+	offset int64
+}
+
+func storedAtOf(m *primitive.MessageExt) storedAt {
+	at := storedAt{offset: m.QueueOffset}
+	if m.Queue != nil {
+		at.broker, at.queue = m.Queue.BrokerName, m.Queue.QueueId
+	}
+	return at
+}
+
+// Stored returns, per id, how many distinct stored messages (broker, queue,
+// queue offset) carried it: 1 for an event stored once however often it
+// was delivered, more for copies stored again.
+func (c *Collector) Stored() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.stored))
+	for id, at := range c.stored {
+		out[id] = len(at)
+	}
+	return out
 }
 
 // Message returns the first delivery of id, or nil.
@@ -131,20 +166,26 @@ func (c *Collector) WaitDistinct(t testing.TB, n int, timeout time.Duration) Sna
 	return c.Snapshot()
 }
 
-// Eventually polls cond every 50ms until it returns true or timeout passes.
-// It is for conditions that have no notification (rows in a table); it
-// never stands in for a fixed sleep.
+// Eventually polls cond every 50ms until it returns true or timeout passes,
+// and fails t then. It is for conditions that have no notification (rows in
+// a table); it never stands in for a fixed sleep.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	if !Await(timeout, cond) {
+		t.Fatalf("testenv: timed out after %s waiting for %s", timeout, what)
+	}
+}
+
+// Await is Eventually for a caller that reports the failure itself: it
+// polls cond every 50ms and reports whether it held within timeout.
+func Await(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
 		if cond() {
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("testenv: timed out after %s waiting for %s", timeout, what)
+			return false
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -1,4 +1,4 @@
-package checkback
+package discard
 
 import (
 	"time"

@@ -1,4 +1,4 @@
-package checkback_test
+package discard_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -46,13 +46,19 @@ func (p *fakePublisher) count() int {
 	return len(p.sent)
 }
 
-// discarded builds a message as the broker stores it in DiscardTopic.
+// discarded builds a message as the broker stores it in Topic: the half
+// whose UNIQ_KEY (u1) committedRow records.
 func discarded(group, id string, body []byte) *primitive.MessageExt {
-	m := &primitive.MessageExt{Message: primitive.Message{Topic: checkback.DiscardTopic, Body: body}}
+	return discardedHalf(group, id, "u1", body)
+}
+
+// discardedHalf is discarded for the half message whose UNIQ_KEY is half.
+func discardedHalf(group, id, half string, body []byte) *primitive.MessageExt {
+	m := &primitive.MessageExt{Message: primitive.Message{Topic: discard.Topic, Body: body}}
 	props := envelope.Envelope{EventID: id, EventType: "T"}.Properties(body)
 	for k, v := range map[string]string{
-		"REAL_TOPIC": "orders", "REAL_QID": "0", "TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": "u1",
-		"__transactionId__": "u1", "TRANSACTION_CHECK_TIMES": "5", "KEYS": id, "TAGS": "tag",
+		"REAL_TOPIC": "orders", "REAL_QID": "0", "TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": half,
+		"__transactionId__": half, "TRANSACTION_CHECK_TIMES": "5", "KEYS": id, "TAGS": "tag",
 	} {
 		props[k] = v
 	}
@@ -64,26 +70,28 @@ func discarded(group, id string, body []byte) *primitive.MessageExt {
 // of the recovery group: REAL_TOPIC names the retry topic.
 func redelivered(m *primitive.MessageExt) *primitive.MessageExt {
 	m.ReconsumeTimes = 1
-	m.WithProperty("RETRY_TOPIC", checkback.DiscardTopic)
+	m.WithProperty("RETRY_TOPIC", discard.Topic)
 	m.WithProperty("REAL_TOPIC", "%RETRY%g-recovery")
 	return m
 }
 
-// committedRow is the row txproducer writes for a committed event.
+// committedRow is the row txproducer writes for a committed event: its
+// properties record the UNIQ_KEY (u1) of the half that committed it.
 func committedRow(id, topic string, body []byte) txlog.Row {
 	props := envelope.Envelope{EventID: id, EventType: "T", Headers: map[string]string{"tenant": "t1"}}.Properties(body)
+	props["UNIQ_KEY"] = "u1"
 	js, _ := json.Marshal(props)
 	return txlog.Row{EventID: id, ProducerGroup: "g", Topic: topic, Tags: "tag", Keys: "k1 " + id, EventType: "T",
 		State: txlog.StateCommitted, Payload: body, PayloadHash: envelope.Hash(body), Properties: string(js), ResolvedBy: txlog.ByLocalCommit}
 }
 
-func recovery(t *testing.T, log checkback.RecoveryLog, pub checkback.Publisher, mods ...func(*checkback.RecoveryConfig)) *checkback.Recovery {
+func recovery(t *testing.T, log discard.Log, pub discard.Publisher, mods ...func(*discard.Config)) *discard.Recovery {
 	t.Helper()
-	cfg := checkback.RecoveryConfig{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Log: log, Publisher: pub}
+	cfg := discard.Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Log: log, Publisher: pub}
 	for _, m := range mods {
 		m(&cfg)
 	}
-	r, err := checkback.NewRecovery(cfg)
+	r, err := discard.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return r
@@ -204,7 +212,7 @@ func TestRecoveryCommittedWithoutPayload(t *testing.T) {
 	m, err := metrics.New(reg)
 	require.NoError(t, err)
 	logger, hook := test.NewNullLogger()
-	r := recovery(t, log, pub, func(c *checkback.RecoveryConfig) { c.Metrics, c.Logger = m, logger })
+	r := recovery(t, log, pub, func(c *discard.Config) { c.Metrics, c.Logger = m, logger })
 	for _, id := range []string{"nopayload", "corrupt", "notopic", "badprops"} {
 		res, err := r.Handle(context.Background(), discarded("g", id, body))
 		require.NoError(t, err, id)
@@ -250,9 +258,9 @@ func TestRecoveryRetriesUntilDecided(t *testing.T) {
 	m, err := metrics.New(reg)
 	require.NoError(t, err)
 	var attempts, maxGauge atomic.Int64
-	r := recovery(t, log, pub, func(c *checkback.RecoveryConfig) {
+	r := recovery(t, log, pub, func(c *discard.Config) {
 		c.Metrics, c.RetryBackoff, c.RetryMaxBackoff = m, time.Millisecond, 5*time.Millisecond
-		c.OnDecision = func(res checkback.RecoveryResult) {
+		c.OnDecision = func(res discard.Result) {
 			attempts.Store(int64(res.Attempt))
 			if g := int64(testutil.ToFloat64(m.DiscardUndecided.WithLabelValues("g"))); g > maxGauge.Load() {
 				maxGauge.Store(g)
@@ -275,9 +283,9 @@ func TestRecoveryShutdownStopsRetrying(t *testing.T) {
 	log := newFakeLog()
 	log.getErr = errors.New("connection refused")
 	failed := make(chan struct{}, 1)
-	r := recovery(t, log, &fakePublisher{}, func(c *checkback.RecoveryConfig) {
+	r := recovery(t, log, &fakePublisher{}, func(c *discard.Config) {
 		c.RetryBackoff, c.RetryMaxBackoff = time.Hour, time.Hour
-		c.OnDecision = func(checkback.RecoveryResult) {
+		c.OnDecision = func(discard.Result) {
 			select {
 			case failed <- struct{}{}:
 			default:
@@ -298,7 +306,7 @@ func TestRecoveryShutdownStopsRetrying(t *testing.T) {
 
 func TestRecoveryBackoffBounds(t *testing.T) {
 	t.Parallel()
-	r := recovery(t, newFakeLog(), &fakePublisher{}, func(c *checkback.RecoveryConfig) {
+	r := recovery(t, newFakeLog(), &fakePublisher{}, func(c *discard.Config) {
 		c.RetryBackoff, c.RetryMaxBackoff = 100*time.Millisecond, time.Second
 	})
 	for n := 1; n <= 100; n++ {
@@ -311,20 +319,20 @@ func TestRecoveryBackoffBounds(t *testing.T) {
 
 func TestRecoveryConfigValidation(t *testing.T) {
 	t.Parallel()
-	base := checkback.RecoveryConfig{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Log: newFakeLog()}
+	base := discard.Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g", Log: newFakeLog()}
 	c := base
 	c.RetryBackoff = -time.Second
-	_, err := checkback.NewRecovery(c)
-	require.ErrorIs(t, err, checkback.ErrConfig)
+	_, err := discard.New(c)
+	require.ErrorIs(t, err, discard.ErrConfig)
 	require.ErrorContains(t, err, "RetryBackoff")
 	c = base
 	c.RetryBackoff, c.RetryMaxBackoff = time.Second, time.Millisecond
-	_, err = checkback.NewRecovery(c)
-	require.ErrorIs(t, err, checkback.ErrConfig)
+	_, err = discard.New(c)
+	require.ErrorIs(t, err, discard.ErrConfig)
 	require.ErrorContains(t, err, "RetryMaxBackoff")
 	c = base
 	c.RetryBackoff = 10 * time.Second // the cap follows a larger base
-	_, err = checkback.NewRecovery(c)
+	_, err = discard.New(c)
 	require.NoError(t, err)
 }
 
@@ -335,6 +343,90 @@ func TestRecoveryRetriesOnDatabaseError(t *testing.T) {
 	r := recovery(t, log, &fakePublisher{})
 	_, err := r.Handle(context.Background(), discarded("g", "c", []byte("x")))
 	require.Error(t, err, "a database error asks for redelivery")
+}
+
+// Several halves can carry one event id (a retried Send, two Sends racing);
+// the row records the UNIQ_KEY of the one that committed. Recovery drops
+// any other half whatever it finds first, republishes only the committed
+// one (under its own UNIQ_KEY), and records the drop on the row only while
+// the row holds no decision: never over REPUBLISHED or NO_PAYLOAD. Each
+// drop is counted and logged, without the payload; a second copy of a half
+// already recorded is not decided again.
+func TestRecoveryDropsOtherHalf(t *testing.T) {
+	t.Parallel()
+	body := []byte(`{"card":"4111111111111111"}`)
+	log := newFakeLog()
+	log.rows["e"] = committedRow("e", "orders", body) // committed by half u1
+	np := committedRow("np", "orders", body)
+	np.Payload = nil
+	log.rows["np"] = np
+	pub := &fakePublisher{}
+	m, err := metrics.New(prometheus.NewRegistry())
+	require.NoError(t, err)
+	logger, hook := test.NewNullLogger()
+	logger.SetLevel(logrus.DebugLevel)
+	r := recovery(t, log, pub, func(c *discard.Config) { c.Metrics, c.Logger = m, logger })
+	ctx := context.Background()
+	dropped := func() float64 { return testutil.ToFloat64(m.DiscardRecoveries.WithLabelValues("g", "dropped")) }
+
+	// The losing half first: dropped, and recorded on the row.
+	res, err := r.Handle(ctx, discardedHalf("g", "e", "u2", body))
+	require.NoError(t, err)
+	require.Equal(t, txlog.RecoveryDropped, res.Decision)
+	require.Equal(t, "u2", res.HalfKey)
+	require.Zero(t, pub.count(), "a losing half is never published")
+	row := log.row("e")
+	require.Equal(t, txlog.StateCommitted, row.State)
+	require.Equal(t, txlog.RecoveryDropped, row.RecoveryDecision)
+	require.Contains(t, row.RecoveryNote, "u2")
+	require.Contains(t, row.RecoveryNote, "u1")
+	// A second discarded copy of it: already recorded.
+	res, err = r.Handle(ctx, discardedHalf("g", "e", "u2", body))
+	require.NoError(t, err)
+	require.Empty(t, res.Decision)
+	require.Equal(t, 1.0, dropped())
+
+	// The committed half: republished under its own UNIQ_KEY.
+	res, err = r.Handle(ctx, discarded("g", "e", body))
+	require.NoError(t, err)
+	require.Equal(t, txlog.RecoveryRepublished, res.Decision)
+	require.Equal(t, 1, pub.count())
+	require.Equal(t, "u1", pub.sent[0].GetProperty("UNIQ_KEY"))
+	require.Equal(t, txlog.RecoveryRepublished, log.row("e").RecoveryDecision)
+
+	// A third half after the republish: dropped and counted, the row keeps
+	// the committed half's decision.
+	res, err = r.Handle(ctx, discardedHalf("g", "e", "u3", body))
+	require.NoError(t, err)
+	require.Equal(t, txlog.RecoveryDropped, res.Decision)
+	require.Equal(t, txlog.RecoveryRepublished, log.row("e").RecoveryDecision)
+	require.Equal(t, 2.0, dropped())
+	require.Equal(t, 1, pub.count())
+
+	// NO_PAYLOAD stays on the row whatever other half comes after it: the
+	// list of committed events an operator must publish stays whole.
+	res, err = r.Handle(ctx, discarded("g", "np", body))
+	require.NoError(t, err)
+	require.Equal(t, txlog.RecoveryNoPayload, res.Decision)
+	marks := log.marks
+	res, err = r.Handle(ctx, discardedHalf("g", "np", "u2", body))
+	require.NoError(t, err)
+	require.Equal(t, txlog.RecoveryDropped, res.Decision)
+	res, err = r.Handle(ctx, discarded("g", "np", []byte(`{"other":1}`)))
+	require.NoError(t, err)
+	require.Equal(t, txlog.RecoveryConflict, res.Decision)
+	require.Equal(t, txlog.RecoveryNoPayload, log.row("np").RecoveryDecision)
+	require.Equal(t, marks, log.marks, "nothing written over NO_PAYLOAD")
+	require.Equal(t, 1, pub.count(), "only e's committed half was ever published")
+
+	var drops int
+	for _, e := range hook.AllEntries() {
+		require.NotContains(t, e.Message+fmt.Sprint(e.Data), "4111", "no payload in logs")
+		if e.Data["decision"] == txlog.RecoveryDropped {
+			drops++
+		}
+	}
+	require.Equal(t, 3, drops, "every drop is logged")
 }
 
 func TestRecoveryShutdownIdempotent(t *testing.T) {

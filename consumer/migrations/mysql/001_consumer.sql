@@ -1,11 +1,12 @@
--- rmqtx consumer schema, version 1. {{prefix}} is replaced by the validated
--- table prefix. Every statement is idempotent (IF NOT EXISTS). Timestamps are
--- UTC, written with UTC_TIMESTAMP(6).
+-- rmqtx consumer schema, version 1. {{consume_log}}, {{aggregate_version}},
+-- {{consume_attempt}} and {{dead_letter}} are replaced by the validated,
+-- prefixed table names. Every statement is idempotent (IF NOT EXISTS).
+-- Timestamps are UTC, written with UTC_TIMESTAMP(6).
 
 -- Consume log (dedup record): one row per (group, event id) whose effect
 -- committed. It is inserted FIRST inside the business transaction, so it
 -- exists if and only if the business effect committed (I4).
-CREATE TABLE IF NOT EXISTS {{prefix}}consume_log (
+CREATE TABLE IF NOT EXISTS {{consume_log}} (
   consumer_group    VARCHAR(255) NOT NULL,
   event_id          VARCHAR(64)  NOT NULL,
   event_type        VARCHAR(128) NOT NULL,
@@ -20,7 +21,7 @@ CREATE TABLE IF NOT EXISTS {{prefix}}consume_log (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 -- Aggregate-version guard: the last version applied per aggregate and group.
-CREATE TABLE IF NOT EXISTS {{prefix}}aggregate_version (
+CREATE TABLE IF NOT EXISTS {{aggregate_version}} (
   consumer_group       VARCHAR(255) NOT NULL,
   aggregate_type       VARCHAR(128) NOT NULL,
   aggregate_id         VARCHAR(128) NOT NULL,
@@ -33,7 +34,7 @@ CREATE TABLE IF NOT EXISTS {{prefix}}aggregate_version (
 -- Failed attempts of events not applied yet. Written in its own short
 -- transaction after the business transaction rolled back, so a failure never
 -- leaves a dedup row behind; removed when the event is applied or parked.
-CREATE TABLE IF NOT EXISTS {{prefix}}consume_attempt (
+CREATE TABLE IF NOT EXISTS {{consume_attempt}} (
   consumer_group  VARCHAR(255)  NOT NULL,
   event_id        VARCHAR(128)  NOT NULL,
   attempts        INT           NOT NULL,
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS {{prefix}}consume_attempt (
 -- understand it and to replay it with the ORIGINAL event id (properties holds
 -- the envelope properties, keys and tags as JSON). Re-parking the same
 -- message (group, event id, payload hash) updates the row instead of adding one.
-CREATE TABLE IF NOT EXISTS {{prefix}}dead_letter (
+CREATE TABLE IF NOT EXISTS {{dead_letter}} (
   id               BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
   consumer_group   VARCHAR(255) NOT NULL,
   topic            VARCHAR(255) NOT NULL,

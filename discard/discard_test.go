@@ -1,4 +1,4 @@
-package checkback_test
+package discard_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
@@ -45,7 +45,7 @@ func TestRecoveryDatabaseOutage(t *testing.T) {
 		_, res, m := b.startRecovery(t, viaProxy, nil)
 		id := b.sendHalf(t, commitRow)
 
-		all := res.wait(t, discardWait, "more than 16 failed attempts", func(all []checkback.RecoveryResult) bool { return failures(all, id) > 16 })
+		all := res.wait(t, discardWait, "more than 16 failed attempts", func(all []discard.Result) bool { return failures(all, id) > 16 })
 		require.Equal(t, 1, all[0].Attempt)
 		require.Error(t, all[0].Err, "the first attempt failed")
 		require.Equal(t, 1.0, undecided(m, b.group), "one discarded half is undecided during the outage")
@@ -74,7 +74,7 @@ func TestRecoveryDatabaseOutage(t *testing.T) {
 		t.Parallel()
 		b := newDiscardBed(t)
 		pub := &failFirstPublisher{p: testenv.Producer(t)}
-		_, res, m := b.startRecovery(t, b.store, func(c *checkback.RecoveryConfig) { c.Publisher = pub })
+		_, res, m := b.startRecovery(t, b.store, func(c *discard.Config) { c.Publisher = pub })
 		id := b.sendHalf(t, commitRow)
 
 		all := res.wait(t, discardWait, "republished", decided(id, txlog.RecoveryRepublished))
@@ -89,7 +89,7 @@ func TestRecoveryDatabaseOutage(t *testing.T) {
 }
 
 type failFirstPublisher struct {
-	p checkback.Publisher
+	p discard.Publisher
 	n atomic.Int32
 }
 
@@ -119,8 +119,8 @@ func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 	// On a fresh broker DiscardTopic exists only once the broker has
 	// discarded a first half (it creates the topic then), and a push
 	// consumer cannot start on a topic without a route.
-	testenv.Eventually(t, discardWait, "the broker created "+checkback.DiscardTopic, func() bool {
-		_, err := remoting.MasterBrokers(context.Background(), []string{b.s.NameServer}, 0, checkback.DiscardTopic)
+	testenv.Eventually(t, discardWait, "the broker created "+discard.Topic, func() bool {
+		_, err := remoting.MasterBrokers(context.Background(), []string{b.s.NameServer}, 0, discard.Topic)
 		return err == nil
 	})
 	var mu sync.Mutex
@@ -133,7 +133,7 @@ func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 		consumer.WithConsumeMessageBatchMaxSize(1),
 	)
 	require.NoError(t, err)
-	require.NoError(t, pc.Subscribe(checkback.DiscardTopic, consumer.MessageSelector{}, func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+	require.NoError(t, pc.Subscribe(discard.Topic, consumer.MessageSelector{}, func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 		for _, m := range msgs {
 			if m.GetProperty(primitive.PropertyProducerGroup) == b.group {
 				mu.Lock()
@@ -165,7 +165,7 @@ func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 	require.True(t, strings.HasPrefix(ms[0].RealTopic, "%RETRY%"), "precondition: the broker rewrote REAL_TOPIC to %s", ms[0].RealTopic)
 
 	_, res, _ := b.startRecovery(t, b.store, nil)
-	all := res.wait(t, 60*time.Second, "both decided", func(all []checkback.RecoveryResult) bool {
+	all := res.wait(t, 60*time.Second, "both decided", func(all []discard.Result) bool {
 		return decided(committed, txlog.RecoveryRepublished)(all) && decided(missing, txlog.RecoveryFenced)(all)
 	})
 	for _, r := range all {
@@ -200,7 +200,7 @@ func TestRecoveryFenceDropNoPayload(t *testing.T) {
 	rolledBack := b.sendHalf(t, rollbackRow)
 	noPayload := b.sendHalf(t, commitRowNoPayload)
 
-	res.wait(t, discardWait, "three decisions", func(all []checkback.RecoveryResult) bool {
+	res.wait(t, discardWait, "three decisions", func(all []discard.Result) bool {
 		return decided(missing, txlog.RecoveryFenced)(all) && decided(rolledBack, txlog.RecoveryDropped)(all) &&
 			decided(noPayload, txlog.RecoveryNoPayload)(all)
 	})
@@ -238,4 +238,56 @@ func TestRecoveryFenceDropNoPayload(t *testing.T) {
 	// The gauge drops when the decision's goroutine returns, just after it
 	// reports the decision: wait for it (bounded); a stuck gauge fails.
 	testenv.Eventually(t, 10*time.Second, "undecided gauge back to 0", func() bool { return undecided(m, b.group) == 0 })
+}
+
+// Two Sends race on one event id: the winner commits and its event is on
+// the topic; the loser's half, whose END_TRANSACTION (ROLLBACK) is lost and
+// whose checks no producer answers, is discarded by the real broker.
+// Recovery finds the COMMITTED row, sees that it records another half's
+// UNIQ_KEY, and drops the loser (issue 27, item 4): the event stays on the
+// topic once, as the winner's message, counted by an independent consumer
+// after a marker sent once the decision was made. (Before, the loser was
+// republished under its own UNIQ_KEY: a second copy.) The decision is
+// recorded on the row, logged and counted, without the payload.
+func TestRecoveryDropsLosingHalf(t *testing.T) {
+	t.Parallel()
+	b := newDiscardBed(t)
+	_, res, m := b.startRecovery(t, b.store, nil)
+	id, winner, loser := b.sendRacingHalves(t)
+	require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "the winner's commit is on the topic")
+
+	all := res.wait(t, discardWait, "a decision on the losing half", func(all []discard.Result) bool {
+		for _, r := range all {
+			if r.HalfKey == loser && r.Err == nil && r.Decision != "" {
+				return true
+			}
+		}
+		return false
+	})
+	// The marker goes after the decision, on the topic's one queue: a
+	// republish, made before the decision is reported, would be seen first.
+	snap := b.settle(t)
+	stored := b.coll.Stored()
+	require.Equal(t, 1, stored[id], "one copy of the event on the topic (deliveries %d)", snap.Counts[id])
+	got := b.coll.Message(id)
+	require.Equal(t, winner, got.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex), "the copy is the winner's")
+	require.Equal(t, b.payload(id), got.Body)
+	require.True(t, decidedHalf(id, loser, txlog.RecoveryDropped)(all), "the losing half is dropped: %+v", all)
+	for _, r := range all {
+		require.NotEqual(t, txlog.RecoveryRepublished, r.Decision, "nothing was republished: %+v", r)
+	}
+
+	row := b.row(t, id)
+	require.Equal(t, txlog.StateCommitted, row.State)
+	require.Equal(t, txlog.RecoveryDropped, row.RecoveryDecision)
+	require.Contains(t, row.RecoveryNote, loser)
+	require.Contains(t, row.RecoveryNote, winner)
+	require.NotContains(t, row.RecoveryNote, string(b.payload(id)))
+	require.Equal(t, 1.0, counter(m.DiscardRecoveries.WithLabelValues(b.group, "dropped")))
+	require.Zero(t, counter(m.DiscardRecoveries.WithLabelValues(b.group, "republished")))
+	testenv.Eventually(t, 10*time.Second, "undecided gauge back to 0", func() bool { return undecided(m, b.group) == 0 })
+	b.l.mu.Lock()
+	rechecks := b.l.checksOfCommitted
+	b.l.mu.Unlock()
+	t.Logf("losing half: copies=%d deliveries=%d decisions=%d rechecks_of_the_committed_half=%d", stored[id], snap.Counts[id], len(all), rechecks)
 }

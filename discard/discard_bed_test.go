@@ -1,4 +1,4 @@
-package checkback_test
+package discard_test
 
 import (
 	"context"
@@ -15,10 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -46,6 +47,12 @@ type unknownListener struct {
 	mu      sync.Mutex
 	actions map[string]func() error
 	errs    map[string]error
+	// commit lists the UNIQ_KEYs of halves whose local transaction
+	// commits (the send answers COMMIT); every other half is answered
+	// UNKNOWN, and so is every check of any half but these.
+	commit map[string]bool
+	// checksOfCommitted counts the checks of those committed halves.
+	checksOfCommitted int
 }
 
 func (l *unknownListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
@@ -59,10 +66,29 @@ func (l *unknownListener) ExecuteLocalTransaction(m *primitive.Message) primitiv
 		l.errs[id] = err
 		l.mu.Unlock()
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.commit[m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex)] {
+		return primitive.CommitMessageState
+	}
 	return primitive.UnkonwnState
 }
 
-func (l *unknownListener) CheckLocalTransaction(*primitive.MessageExt) primitive.LocalTransactionState {
+func (l *unknownListener) CheckLocalTransaction(m *primitive.MessageExt) primitive.LocalTransactionState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.commit[m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex)] {
+		// A half already committed by its end-transaction is checked again
+		// when the broker checks before it wrote the commit's op record
+		// (the test broker's transactionTimeOut, 3 s, is not above its op
+		// batch interval). COMMIT would make the broker store the event
+		// again, UNKNOWN would make it discard the committed half: both
+		// copies of the broker's own, not recovery's. ROLLBACK of a
+		// committed half only closes it, so the topic shows what recovery
+		// did and nothing else.
+		l.checksOfCommitted++
+		return primitive.RollbackMessageState
+	}
 	return primitive.UnkonwnState
 }
 
@@ -72,9 +98,9 @@ func newDiscardBed(t *testing.T) *discardBed {
 	db := testenv.DB(t)
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
-	require.NoError(t, store.Migrate(context.Background()))
+	require.NoError(t, schema.MigrateAll(context.Background(), db, txlog.DefaultPrefix))
 	b := &discardBed{s: s, db: db, store: store, group: testenv.Name(t, "txg"), topic: testenv.Name(t, "topic"),
-		l: &unknownListener{actions: map[string]func() error{}, errs: map[string]error{}}}
+		l: &unknownListener{actions: map[string]func() error{}, errs: map[string]error{}, commit: map[string]bool{}}}
 	// One queue: a marker sent after the events is delivered after them.
 	testenv.CreateTopic(t, b.topic, 1)
 	b.coll = testenv.Collect(t, b.topic)
@@ -152,6 +178,65 @@ func (b *discardBed) sendHalf(t *testing.T, action localAction) string {
 	return id
 }
 
+// sendRacingHalves sends two half messages with one event id, as two Sends
+// racing on that id do. The winner's local transaction writes the
+// COMMITTED row, which records the winner's UNIQ_KEY as txproducer's does,
+// and its end-transaction commits it: the event is on the topic once. The
+// loser's local transaction never wrote a row (in txproducer it fails on
+// the duplicate key and answers ROLLBACK); here that answer is lost and no
+// producer answers its checks, so the broker discards it some 13 s later.
+func (b *discardBed) sendRacingHalves(t *testing.T) (id, winner, loser string) {
+	t.Helper()
+	id = envelope.NewEventID()
+	winner, loser = primitive.CreateUniqID(), primitive.CreateUniqID()
+	body := b.payload(id)
+	props := envelope.Envelope{EventID: id, EventType: "OrderPlaced", BusinessKey: "order-" + id[:8]}.Properties(body)
+	rowProps := map[string]string{primitive.PropertyUniqueClientMessageIdKeyIndex: winner}
+	for k, v := range props {
+		rowProps[k] = v
+	}
+	js, err := json.Marshal(rowProps)
+	require.NoError(t, err)
+	row := txlog.Row{EventID: id, ProducerGroup: b.group, Topic: b.topic, Tags: "placed", Keys: id, EventType: "OrderPlaced",
+		State: txlog.StateCommitted, Payload: body, PayloadHash: props[envelope.PropPayloadHash], Properties: string(js),
+		BusinessKey: props[envelope.PropBusinessKey], ResolvedBy: txlog.ByLocalCommit}
+	b.l.mu.Lock()
+	b.l.commit[winner] = true
+	b.l.actions[id] = func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		tx, err := b.db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := b.store.Insert(ctx, tx, row); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+	b.l.mu.Unlock()
+	send := func(half string) primitive.LocalTransactionState {
+		m := primitive.NewMessage(b.topic, body)
+		m.WithProperties(props)
+		m.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, half)
+		m.WithTag("placed")
+		m.WithKeys([]string{id})
+		res, err := b.tp.SendMessageInTransaction(context.Background(), m)
+		require.NoError(t, err)
+		require.Equal(t, primitive.SendOK, res.Status)
+		require.Equal(t, half, res.MsgID, "the client keeps a preset UNIQ_KEY")
+		return res.State
+	}
+	require.Equal(t, primitive.CommitMessageState, send(winner))
+	b.l.mu.Lock()
+	require.NoError(t, b.l.errs[id], "the winner's local transaction")
+	delete(b.l.actions, id) // the loser's local transaction writes nothing
+	b.l.mu.Unlock()
+	require.Equal(t, primitive.UnkonwnState, send(loser))
+	return id, winner, loser
+}
+
 // settle sends a marker on the topic (one queue) and waits for it, so that
 // every earlier message has been delivered: counts are final afterwards.
 func (b *discardBed) settle(t *testing.T) testenv.Snapshot {
@@ -175,13 +260,13 @@ func (b *discardBed) row(t *testing.T, id string) txlog.Row {
 // results records every recovery attempt on the group's messages.
 type results struct {
 	mu  sync.Mutex
-	all []checkback.RecoveryResult
+	all []discard.Result
 	ch  chan struct{}
 }
 
 func newResults() *results { return &results{ch: make(chan struct{})} }
 
-func (r *results) add(res checkback.RecoveryResult) {
+func (r *results) add(res discard.Result) {
 	r.mu.Lock()
 	r.all = append(r.all, res)
 	close(r.ch)
@@ -189,14 +274,14 @@ func (r *results) add(res checkback.RecoveryResult) {
 	r.mu.Unlock()
 }
 
-func (r *results) snapshot() []checkback.RecoveryResult {
+func (r *results) snapshot() []discard.Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]checkback.RecoveryResult(nil), r.all...)
+	return append([]discard.Result(nil), r.all...)
 }
 
 // wait blocks until cond holds for the results seen so far.
-func (r *results) wait(t *testing.T, timeout time.Duration, what string, cond func([]checkback.RecoveryResult) bool) []checkback.RecoveryResult {
+func (r *results) wait(t *testing.T, timeout time.Duration, what string, cond func([]discard.Result) bool) []discard.Result {
 	t.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -217,8 +302,8 @@ func (r *results) wait(t *testing.T, timeout time.Duration, what string, cond fu
 	}
 }
 
-func decided(id string, d txlog.RecoveryDecision) func([]checkback.RecoveryResult) bool {
-	return func(all []checkback.RecoveryResult) bool {
+func decided(id string, d txlog.RecoveryDecision) func([]discard.Result) bool {
+	return func(all []discard.Result) bool {
 		for _, r := range all {
 			if r.EventID == id && r.Err == nil && r.Decision == d {
 				return true
@@ -228,7 +313,19 @@ func decided(id string, d txlog.RecoveryDecision) func([]checkback.RecoveryResul
 	}
 }
 
-func failures(all []checkback.RecoveryResult, id string) int {
+// decidedHalf is decided for one half message of the event.
+func decidedHalf(id, half string, d txlog.RecoveryDecision) func([]discard.Result) bool {
+	return func(all []discard.Result) bool {
+		for _, r := range all {
+			if r.EventID == id && r.HalfKey == half && r.Err == nil && r.Decision == d {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func failures(all []discard.Result, id string) int {
 	n := 0
 	for _, r := range all {
 		if r.EventID == id && r.Err != nil {
@@ -240,12 +337,12 @@ func failures(all []checkback.RecoveryResult, id string) int {
 
 // startRecovery starts a real Recovery for the bed's group with short
 // retry settings and its own metrics registry.
-func (b *discardBed) startRecovery(t *testing.T, log checkback.RecoveryLog, mod func(*checkback.RecoveryConfig)) (*checkback.Recovery, *results, *metrics.Metrics) {
+func (b *discardBed) startRecovery(t *testing.T, log discard.Log, mod func(*discard.Config)) (*discard.Recovery, *results, *metrics.Metrics) {
 	t.Helper()
 	m, err := metrics.New(prometheus.NewRegistry())
 	require.NoError(t, err)
 	res := newResults()
-	cfg := checkback.RecoveryConfig{
+	cfg := discard.Config{
 		NameServers: []string{b.s.NameServer}, Group: b.group, Log: log, StartRetry: 500 * time.Millisecond,
 		RetryBackoff: 50 * time.Millisecond, RetryMaxBackoff: 200 * time.Millisecond, QueryTimeout: time.Second,
 		Metrics: m, OnDecision: res.add,
@@ -253,7 +350,7 @@ func (b *discardBed) startRecovery(t *testing.T, log checkback.RecoveryLog, mod 
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := checkback.NewRecovery(cfg)
+	r, err := discard.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {

@@ -1,37 +1,34 @@
 //go:build failpoints
 
-package checkback_test
+package discard_test
 
 import (
 	"context"
-	"errors"
 	"os"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
 const (
-	envRecoveryHelper = "RMQTX_RECOVERY_HELPER"
-	envRecoveryDB     = "RMQTX_RECOVERY_HELPER_DB"
-	envRecoveryGroup  = "RMQTX_RECOVERY_HELPER_GROUP"
+	envRecoveryDB    = "RMQTX_RECOVERY_HELPER_DB"
+	envRecoveryGroup = "RMQTX_RECOVERY_HELPER_GROUP"
 )
 
 // TestHelperProcessRecovery is not a test: TestRecoveryCrashAfterRepublish
 // re-executes the test binary to run recovery in a process that the armed
 // failpoint kills with SIGKILL right after its republish.
 func TestHelperProcessRecovery(t *testing.T) {
-	if os.Getenv(envRecoveryHelper) != "1" {
+	if !testenv.IsChild(t) {
 		return // only meaningful as the child process
 	}
 	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envRecoveryDB)))
@@ -39,7 +36,7 @@ func TestHelperProcessRecovery(t *testing.T) {
 	defer db.Close()
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
-	r, err := checkback.NewRecovery(checkback.RecoveryConfig{
+	r, err := discard.New(discard.Config{
 		NameServers: []string{testenv.Load().NameServer}, Group: os.Getenv(envRecoveryGroup), Log: store,
 		StartRetry: 500 * time.Millisecond,
 	})
@@ -62,7 +59,7 @@ func TestRecoveryCrashAfterRepublish(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.db.Exec("CREATE TABLE effects (event_id VARCHAR(64) NOT NULL, PRIMARY KEY (event_id))")
 	require.NoError(t, err)
-	require.NoError(t, consumer.Migrate(ctx, b.db, ""))
+	require.NoError(t, schema.MigrateAll(ctx, b.db, "")) // the bed migrated the txlog; this adds the consumer tables
 	c, err := consumer.New(consumer.Config{
 		ProcessorConfig: consumer.ProcessorConfig{Group: testenv.Name(t, "cg"), DB: b.db,
 			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
@@ -76,21 +73,9 @@ func TestRecoveryCrashAfterRepublish(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 
 	id := b.sendHalf(t, commitRow)
-	cctx, cancel := context.WithTimeout(ctx, 2*discardWait)
-	defer cancel()
-	cmd := exec.CommandContext(cctx, os.Args[0], "-test.run=^TestHelperProcessRecovery$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envRecoveryHelper+"=1",
-		failpoint.EnvVar+"="+failpoint.AfterRepublish,
-		envRecoveryDB+"="+testenv.DBName(t, b.db),
-		envRecoveryGroup+"="+b.group,
-	)
-	out, err := cmd.CombinedOutput()
-	var exitErr *exec.ExitError
-	require.True(t, errors.As(err, &exitErr), "child: %v\n%s", err, out)
-	ws, ok := exitErr.Sys().(syscall.WaitStatus)
-	require.True(t, ok)
-	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die by the failpoint's SIGKILL, got %v\n%s", err, out)
+	testenv.Child{Test: "TestHelperProcessRecovery", Failpoint: failpoint.AfterRepublish, Timeout: 2 * discardWait, Env: []string{
+		envRecoveryDB + "=" + testenv.DBName(t, b.db), envRecoveryGroup + "=" + b.group,
+	}}.MustCrash(t)
 
 	// The child published the event and died before marking the row.
 	require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "the first republish is on the topic")

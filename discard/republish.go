@@ -1,0 +1,114 @@
+package discard
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/txlog"
+)
+
+// Topic is where the broker moves a half message after transactionCheckMax
+// checks (TopicValidator.RMQ_SYS_TRANS_CHECK_MAX_TIME_TOPIC). The broker
+// creates it (1 queue, read/write) on the first discard; the message keeps
+// its body, sysflag and every property (REAL_TOPIC, PGROUP, UNIQ_KEY, our
+// envelope), and is consumable like any other message.
+const Topic = "TRANS_CHECK_MAX_TIME_TOPIC"
+
+// stripped are properties that must never be carried onto a republished
+// message: transaction markers, broker bookkeeping and retry bookkeeping.
+// The republished message is built from the txlog row (RepublishMessage);
+// the row's stored properties are filtered through this list too, so a
+// stray system property in them cannot turn the republish into something
+// else.
+var stripped = map[string]bool{
+	primitive.PropertyTransactionPrepared:            true,
+	primitive.PropertyProducerGroup:                  true,
+	primitive.PropertyRealTopic:                      true,
+	primitive.PropertyRealQueueId:                    true,
+	primitive.PropertyTransactionID:                  true,
+	primitive.PropertyTranscationCheckTimes:          true,
+	primitive.PropertyCheckImmunityTimeInSeconds:     true,
+	primitive.PropertyTranscationPreparedQueueOffset: true,
+	primitive.PropertyMinOffset:                      true,
+	primitive.PropertyMaxOffset:                      true,
+	primitive.PropertyRetryTopic:                     true,
+	primitive.PropertyOriginMessageId:                true,
+	primitive.PropertyReconsumeTime:                  true,
+	primitive.PropertyMaxReconsumeTimes:              true,
+	primitive.PropertyConsumeStartTime:               true,
+	primitive.PropertyDelayTimeLevel:                 true,
+	primitive.PropertyTimerDeliverMS:                 true,
+	primitive.PropertyCluster:                        true,
+	primitive.PropertyMsgRegion:                      true,
+	primitive.PropertyTraceSwitch:                    true,
+}
+
+// RepublishProperties returns the properties to put on the normal message
+// that replaces a discarded half message.
+func RepublishProperties(props map[string]string) map[string]string {
+	out := make(map[string]string, len(props))
+	for k, v := range props {
+		if !stripped[k] {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// RepublishMessage builds the normal message that replaces a discarded half
+// message, from the txlog row alone: topic, tags, keys, stored properties
+// (the envelope, and the UNIQ_KEY of the half that committed) and payload.
+// Nothing is taken from the discarded message, whose REAL_TOPIC the broker
+// rewrites when it passes through a retry. It returns an error wrapping
+// ErrNotRepublishable when the row lacks what a republish needs.
+func RepublishMessage(row txlog.Row) (*primitive.Message, error) {
+	if reason := notRepublishable(row); reason != "" {
+		return nil, fmt.Errorf("%w: %s: %s", ErrNotRepublishable, row.EventID, reason)
+	}
+	props := map[string]string{}
+	if row.Properties != "" {
+		_ = json.Unmarshal([]byte(row.Properties), &props) // notRepublishable checked it
+	}
+	props = RepublishProperties(props)
+	// The columns win over their copies in the stored properties.
+	props[envelope.PropEventID] = row.EventID
+	for k, v := range map[string]string{envelope.PropEventType: row.EventType, envelope.PropBusinessKey: row.BusinessKey,
+		envelope.PropPayloadHash: row.PayloadHash} {
+		if v != "" {
+			props[k] = v
+		}
+	}
+	msg := primitive.NewMessage(row.Topic, row.Payload)
+	msg.WithProperties(props) // replaces the map: tags and keys after it
+	if row.Tags != "" {
+		msg.WithTag(row.Tags)
+	}
+	if keys := strings.Fields(row.Keys); len(keys) > 0 {
+		msg.WithKeys(keys)
+	}
+	return msg, nil
+}
+
+// ErrNotRepublishable is wrapped when a COMMITTED txlog row cannot be
+// published again from the log (see txlog.RecoveryNoPayload).
+var ErrNotRepublishable = errors.New("discard: committed row cannot be republished from the txlog")
+
+// notRepublishable says why row cannot be republished, or "".
+func notRepublishable(row txlog.Row) string {
+	switch {
+	case row.Topic == "":
+		return "the row has no topic"
+	case len(row.Payload) == 0 && row.PayloadHash != envelope.Hash(nil):
+		return "no payload stored (payload storage disabled, or a resolver's decision)"
+	case row.PayloadHash != "" && envelope.Hash(row.Payload) != row.PayloadHash:
+		return "the stored payload does not match its hash"
+	case row.Properties != "" && json.Unmarshal([]byte(row.Properties), &map[string]string{}) != nil:
+		return "the stored properties are not a JSON object of strings"
+	}
+	return ""
+}

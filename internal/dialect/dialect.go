@@ -1,0 +1,198 @@
+// Package dialect is the seam between rmqtx's table owners (txlog, outbox,
+// consumer, replay) and the database they run on. An owner writes its own
+// SQL in the portable subset (ANSI joins, CASE, COALESCE, FOR UPDATE SKIP
+// LOCKED, "?" placeholders) and asks its Dialect for the few pieces that
+// differ between databases: placeholders, upserts and insert-ignore, "now"
+// on the database clock, interval arithmetic, a bounded delete, the
+// session's isolation level, the migration lock, and the classification of
+// duplicate-key, deadlock and lock-timeout errors.
+//
+// The seam follows River's riverdriver in spirit, not in size: the owners
+// keep their queries and their logic, so a second database is one new
+// implementation of Dialect plus a migrations folder per owner, not a copy
+// of every query. MySQL and MariaDB are the first implementation (MySQL).
+//
+// Only this package and the owners' migration files may hold SQL that is
+// not portable; schema's seams test enforces it.
+package dialect
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Dialect is what an owner needs from a database beyond portable SQL. Every
+// method that returns SQL text returns it with "?" placeholders; owners pass
+// the whole statement through Rebind once, when they build it.
+type Dialect interface {
+	// Name names the dialect and the folder of each owner's migrations
+	// ("mysql").
+	Name() string
+
+	// Rebind turns the "?" placeholders of query into the database's own.
+	Rebind(query string) string
+
+	// Now is an expression for the current time on the database's clock,
+	// in UTC, with microseconds, as the owners' timestamp columns hold it.
+	Now() string
+	// NowPlusMicros is Now() plus a bound number of microseconds (one "?").
+	NowPlusMicros() string
+	// MicrosSince is the whole number of microseconds from the timestamp
+	// expression expr to Now().
+	MicrosSince(expr string) string
+
+	// InsertIgnore is an INSERT of columns (comma-separated) with the value
+	// list values ("?, ?, ..." or several "(...)" rows, parentheses
+	// included) that does nothing when it meets an existing row with the
+	// same key (the unique key conflict, comma-separated columns).
+	InsertIgnore(table, columns, values, conflict string) string
+	// Upsert is an INSERT that, on a conflict on the key conflict, updates
+	// the existing row with the assignments of set, in which Excluded(c)
+	// names the value the INSERT proposed for column c.
+	Upsert(table, columns, values, conflict, set string) string
+	// Excluded names, inside an Upsert's set, the value the INSERT proposed
+	// for column.
+	Excluded(column string) string
+
+	// DeleteLimit deletes at most "?" rows of table matching where (whose
+	// own placeholders come first), oldest first by orderBy; key is the
+	// table's primary key column list, for databases that cannot order a
+	// DELETE.
+	DeleteLimit(table, where, orderBy, key string) string
+
+	// CreateTableLike creates table dst with the columns and keys of src,
+	// unless it exists.
+	CreateTableLike(dst, src string) string
+	// CopyReplacing copies the rows of src matching where into dst (same
+	// columns), replacing rows of dst with the same key (key: the primary
+	// key's comma-separated columns).
+	CopyReplacing(dst, src, where, key string) string
+
+	// SharedLock is the clause that makes a SELECT take shared row locks.
+	SharedLock() string
+
+	// IsolationExprs are expressions for the session's isolation level, in
+	// the order to try them: an owner that gets IsUnknownVariable on one
+	// moves to the next.
+	IsolationExprs() []string
+	// ReadUncommitted reports whether level, as an IsolationExprs
+	// expression returned it, is READ UNCOMMITTED.
+	ReadUncommitted(level string) bool
+
+	// TimestampType is the column type of a UTC timestamp with
+	// microseconds; TableOptions ends a CREATE TABLE (engine, charset).
+	TimestampType() string
+	TableOptions() string
+
+	// TableExistsQuery is a query with one "?" (the table name) that
+	// returns the number of tables of that name in the current database.
+	TableExistsQuery() string
+
+	// Lock takes a named lock on conn, waiting at most wait, and returns
+	// its release. Migrations serialize with it.
+	Lock(ctx context.Context, conn *sqlx.Conn, name string, wait time.Duration) (release func(), err error)
+
+	// InsertID runs insert (one row into a table whose key is the
+	// auto-generated integer column idColumn) on e and returns the new
+	// row's id: the driver's last insert id here, a RETURNING clause on
+	// databases that have no such id.
+	InsertID(ctx context.Context, e sqlx.ExtContext, insert, idColumn string, args ...any) (int64, error)
+
+	// Errors.
+	IsDuplicateKey(err error) bool
+	// IsDeadlock reports a deadlock or serialization failure: the
+	// database rolled the transaction back, and running it again whole
+	// may succeed.
+	IsDeadlock(err error) bool
+	// IsLockTimeout reports a lock wait that timed out.
+	IsLockTimeout(err error) bool
+	// IsMissingTable reports a statement on a table that does not exist.
+	IsMissingTable(err error) bool
+	// IsUnknownVariable reports an IsolationExprs expression the server
+	// does not know.
+	IsUnknownVariable(err error) bool
+	// IsPrepareRefused reports an error after which a statement should run
+	// unprepared (the server's prepared-statement limit, or a statement
+	// kind it will not prepare).
+	IsPrepareRefused(err error) bool
+
+	// UpsertReturning is an Upsert that, in the same one statement, also
+	// tells an insert from an update and yields one integer: for a row
+	// the INSERT met, the integer expression returning evaluated on that
+	// row after set (its "?" placeholders bind after those of values and
+	// set); for an inserted row, the new auto-increment key when returning
+	// is the table's auto-increment column (e.g. "id"), otherwise nothing
+	// to rely on. set must change the row it meets, so that an update is
+	// told from an insert whatever the driver's found-rows flag says. It
+	// saves the read a duplicate would otherwise cost. Run it with
+	// ExecReturning. PostgreSQL form:
+	//	INSERT INTO table (columns) VALUES (values) ON CONFLICT (conflict)
+	//	DO UPDATE SET set RETURNING (xmax = 0), returning
+	UpsertReturning(table, columns, values, conflict, set, returning string) string
+	// ExecReturning runs query, an UpsertReturning statement, on e and
+	// returns whether it inserted the row and the integer it yielded
+	// (MySQL reads the statement's result; PostgreSQL scans the row its
+	// RETURNING clause gives).
+	ExecReturning(ctx context.Context, e ReturningExecer, query string, args ...any) (inserted bool, value int64, err error)
+}
+
+// ReturningExecer runs an UpsertReturning statement for ExecReturning: as a
+// statement (MySQL) or as a query returning one row. *sqlx.DB, *sqlx.Tx and
+// *sqlx.Conn satisfy it; an owner that keeps statements prepared wraps its
+// cache in one.
+type ReturningExecer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row
+}
+
+// ErrUnsupported is wrapped when a database handle's driver has no dialect.
+var ErrUnsupported = errors.New("dialect: unsupported database driver")
+
+// For returns the dialect of db, chosen by its driver name ("mysql").
+func For(db *sqlx.DB) (Dialect, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil database", ErrUnsupported)
+	}
+	return ForDriver(db.DriverName())
+}
+
+// ForDriver returns the dialect for a database/sql driver name.
+func ForDriver(driver string) (Dialect, error) {
+	switch driver {
+	case "mysql":
+		return MySQL, nil
+	}
+	return nil, fmt.Errorf("%w: %q (rmqtx supports mysql)", ErrUnsupported, driver)
+}
+
+// Must is For for handles already validated by For (Config validation): it
+// returns MySQL when db has no dialect, so callers need no second error
+// path for a case validation has excluded.
+func Must(db *sqlx.DB) Dialect {
+	d, err := For(db)
+	if err != nil {
+		return MySQL
+	}
+	return d
+}
+
+// IsRetryable reports an error after which the whole transaction may run
+// again: a deadlock, a serialization failure or a lock wait timeout.
+func IsRetryable(d Dialect, err error) bool {
+	return err != nil && (d.IsDeadlock(err) || d.IsLockTimeout(err))
+}
+
+// BeginReadCommitted begins a READ COMMITTED transaction, the level every
+// owner's short bookkeeping transaction (claim, fence, park) runs at.
+func BeginReadCommitted(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
+	return db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+}
+
+// All lists every dialect rmqtx supports, for classifiers that see an
+// error without its database (txlog.IsDuplicateKey).
+func All() []Dialect { return []Dialect{MySQL} }

@@ -1,0 +1,289 @@
+// Package pushstop shuts a rocketmq-client-go push consumer down without
+// reaching the upstream client's "send on closed channel" panic
+// (apache/rocketmq-client-go#1051), from outside the client.
+//
+// The client's Shutdown closes each process queue's message channel while a
+// pull goroutine may still be handing a pull result to that queue
+// (processQueue.putMessage). The send sits in a select with the queue's close
+// channel, which Shutdown closes too, so the select may pick the send: a
+// panic in a goroutine the client starts without a recover, which ends the
+// process. Suspend alone does not prevent it: it only stops the pull loop
+// from issuing new pulls; a long-polling pull already in flight still
+// returns messages and puts them, up to 20 s later.
+//
+// A Gate closes that window in three steps, each on the client's public
+// surface:
+//
+//  1. Suspend: no new pulls.
+//  2. Close the gate: a filter hook (consumer.WithFilterMessageHook), which
+//     the client runs on every pull result before putMessage, returns no
+//     message from now on, so the pulls still in flight put nothing. Their
+//     messages were never cached nor acknowledged: the queue's next owner
+//     pulls them again from the committed offset.
+//  3. Wait, bounded by ctx, until every batch the hook let through before
+//     has been handed over (proved by its delivery to the wrapped callback,
+//     by its queue no longer being the consumer's, or by a committed offset
+//     past it), no callback runs, and the client's queues cache no message:
+//     everything delivered has been acknowledged (or handed back) in the
+//     client's offset table, which Shutdown then persists.
+//
+// Only then does Shutdown run; no putMessage can be in progress. The same
+// steps make the patched client (third_party/rocketmq-client-go, patch 3)
+// lose no acknowledgement at shutdown either.
+//
+// Use one Gate per push consumer, for concurrent (not orderly) consumption:
+//
+//	g := pushstop.New()
+//	pc, err := rocketmq.NewPushConsumer(append(opts, g.Option())...)
+//	err = pc.Subscribe(topic, selector, g.Wrap(callback))
+//	...
+//	err = g.Shutdown(ctx, pc) // instead of pc.Shutdown()
+package pushstop
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/hooks"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+)
+
+// ConsumeFunc is a push consumer's subscription callback.
+type ConsumeFunc = func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error)
+
+// pollEvery is how often Stop re-reads the client's state while it waits.
+const pollEvery = 5 * time.Millisecond
+
+// Gate guards one push consumer's shutdown. The zero value is not usable:
+// create it with New.
+type Gate struct {
+	mu     sync.Mutex
+	closed bool
+	// pending holds, per queue, the last pull result the hook let through
+	// and nobody has seen delivered yet. A queue's pull goroutine runs the
+	// hook and putMessage in turn, so a newer batch for a queue means the
+	// older one was put; only the newest can still be on its way.
+	pending   map[primitive.MessageQueue]batch
+	running   int   // wrapped callbacks in progress
+	discarded int64 // messages of pull results dropped after the gate closed
+}
+
+type batch struct {
+	msgs []*primitive.MessageExt
+	last int64 // highest queue offset in msgs
+}
+
+// New returns an open gate.
+func New() *Gate {
+	return &Gate{pending: map[primitive.MessageQueue]batch{}}
+}
+
+// Option installs the gate's filter hook. consumer.WithFilterMessageHook
+// replaces the hook list, so pass Option after any other such option, or
+// use Hook in your own list.
+func (g *Gate) Option() consumer.Option {
+	return consumer.WithFilterMessageHook([]hooks.FilterMessageHook{g.Hook})
+}
+
+// Hook is the filter hook: it lets pull results through and remembers them
+// until they are delivered, and once the gate is closed it drops them.
+func (g *Gate) Hook(fc *hooks.FilterMessageContext) ([]*primitive.MessageExt, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		g.discarded += int64(len(fc.Msg))
+		return nil, nil
+	}
+	if len(fc.Msg) > 0 && fc.MQ != nil {
+		b := batch{msgs: fc.Msg, last: -1}
+		for _, m := range fc.Msg {
+			b.last = max(b.last, m.QueueOffset)
+		}
+		g.pending[*fc.MQ] = b
+	}
+	return fc.Msg, nil
+}
+
+// Wrap wraps a subscription callback: a delivery proves that its batch has
+// left putMessage, and the gate counts callbacks in progress.
+func (g *Gate) Wrap(f ConsumeFunc) ConsumeFunc {
+	return func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+		g.enter(msgs)
+		defer g.leave()
+		return f(ctx, msgs...)
+	}
+}
+
+func (g *Gate) enter(msgs []*primitive.MessageExt) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.running++
+	// A callback gets part of one pull result, so one message identifies it.
+	if len(msgs) == 0 || msgs[0].Queue == nil {
+		return
+	}
+	mq := *msgs[0].Queue
+	if b, ok := g.pending[mq]; ok {
+		for _, m := range b.msgs {
+			if m == msgs[0] {
+				delete(g.pending, mq)
+				return
+			}
+		}
+	}
+}
+
+func (g *Gate) leave() {
+	g.mu.Lock()
+	g.running--
+	g.mu.Unlock()
+}
+
+// Discarded returns how many messages of pull results the closed gate has
+// dropped (they are redelivered to the queue's next owner).
+func (g *Gate) Discarded() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.discarded
+}
+
+// Shutdown is Stop, then pc.Shutdown. pc is shut down even when ctx ends
+// first; the error then wraps ctx's.
+func (g *Gate) Shutdown(ctx context.Context, pc rocketmq.PushConsumer) error {
+	serr := g.Stop(ctx, pc)
+	if err := pc.Shutdown(); err != nil {
+		return fmt.Errorf("pushstop: shutdown: %w", err)
+	}
+	return serr
+}
+
+// Stop suspends pc, closes the gate and waits, bounded by ctx, until no
+// pull result is on its way into a queue, no callback runs and the queues
+// cache nothing. It does not shut pc down. On ctx's end it returns an error
+// that wraps ctx.Err() and says what was still outstanding.
+func (g *Gate) Stop(ctx context.Context, pc rocketmq.PushConsumer) error {
+	// Suspend before closing the gate: a pull issued between the two would
+	// otherwise have its result dropped and the next pull, if it found no
+	// new message, would commit the queue's offset past the dropped ones.
+	pc.Suspend()
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	t := time.NewTicker(pollEvery)
+	defer t.Stop()
+	for {
+		s := g.state(pc)
+		if s.settled() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pushstop: stop: %s: %w", s, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// outstanding is what Stop still waits for.
+type outstanding struct {
+	batches, running, cached int
+	known                    bool // the client's queue table could be read
+}
+
+func (o outstanding) settled() bool { return o.batches == 0 && o.running == 0 && o.cached == 0 }
+
+func (o outstanding) String() string {
+	s := fmt.Sprintf("%d pull results not yet handed over, %d callbacks running, %d messages cached", o.batches, o.running, o.cached)
+	if !o.known {
+		s += " (queue table unreadable)"
+	}
+	return s
+}
+
+func (g *Gate) state(pc rocketmq.PushConsumer) outstanding {
+	g.mu.Lock()
+	running := g.running
+	g.mu.Unlock()
+	qs, known := queueTable(pc)
+	o := outstanding{running: running, known: known}
+	g.mu.Lock()
+	for mq, b := range g.pending {
+		q, held := qs[mq]
+		// Proofs besides delivery: the queue is no longer the consumer's
+		// (Shutdown does not touch a queue it no longer holds), or every
+		// message of the batch has been acknowledged, which a batch still on
+		// its way into this queue cannot be.
+		if known && (!held || q.dropped || q.committed > b.last) {
+			delete(g.pending, mq)
+		}
+	}
+	o.batches = len(g.pending)
+	g.mu.Unlock()
+	for _, q := range qs {
+		if !q.dropped {
+			o.cached += q.cached
+		}
+	}
+	return o
+}
+
+type queueInfo struct {
+	cached    int
+	dropped   bool
+	committed int64
+}
+
+// queueTable reads the consumer's queues through the client's exported
+// GetConsumerRunningInfo (the method the broker's admin calls use). Its
+// result type lives in the client's internal package, so it is read by
+// reflection, field names only. ok is false when the client has no such
+// method or its shape changed; Stop then relies on deliveries alone.
+func queueTable(pc any) (map[primitive.MessageQueue]queueInfo, bool) {
+	m := reflect.ValueOf(pc).MethodByName("GetConsumerRunningInfo")
+	if !m.IsValid() || m.Type().NumIn() != 1 || m.Type().In(0).Kind() != reflect.Bool || m.Type().NumOut() != 1 {
+		return nil, false
+	}
+	info := m.Call([]reflect.Value{reflect.ValueOf(false)})[0]
+	if info.Kind() == reflect.Pointer {
+		if info.IsNil() {
+			return nil, false
+		}
+		info = info.Elem()
+	}
+	if info.Kind() != reflect.Struct {
+		return nil, false
+	}
+	tbl := info.FieldByName("MQTable")
+	if tbl.Kind() != reflect.Map || tbl.Type().Key() != reflect.TypeFor[primitive.MessageQueue]() || tbl.Type().Elem().Kind() != reflect.Struct {
+		return nil, false
+	}
+	cached, dropped, committed := field(tbl.Type().Elem(), "CachedMsgCount", reflect.Int), field(tbl.Type().Elem(), "Dropped", reflect.Bool), field(tbl.Type().Elem(), "CommitOffset", reflect.Int64)
+	if cached < 0 || dropped < 0 || committed < 0 {
+		return nil, false
+	}
+	out := make(map[primitive.MessageQueue]queueInfo, tbl.Len())
+	it := tbl.MapRange()
+	for it.Next() {
+		v := it.Value()
+		out[it.Key().Interface().(primitive.MessageQueue)] = queueInfo{
+			cached:    int(v.Field(cached).Int()),
+			dropped:   v.Field(dropped).Bool(),
+			committed: v.Field(committed).Int(),
+		}
+	}
+	return out, true
+}
+
+// field returns the index of the exported field name of kind k in t, or -1.
+func field(t reflect.Type, name string, k reflect.Kind) int {
+	f, ok := t.FieldByName(name)
+	if !ok || !f.IsExported() || f.Type.Kind() != k || len(f.Index) != 1 {
+		return -1
+	}
+	return f.Index[0]
+}

@@ -1,0 +1,16 @@
+// Package testbed is the one test bed of the fault suite (faultsuite) and
+// the cluster suite (clustersuite): their private services, the world one
+// scenario runs in (a fresh database, a topic, a producer and a consumer
+// group, a load of transactional Sends and outbox enqueues), the comparison
+// of the database's truth with the consumers' view, and the summary table.
+//
+// A scenario ends with Bed.Verify: it waits until nothing is owed, then
+// sends markers through the scenario's own topic and groups, one to every
+// queue, and counts only once each marker was applied and collected, so an
+// event that arrives late (a ghost committed after convergence) is counted
+// too. The summary says PASS only for a run in which every scenario reached
+// the end of Verify with a positive number of committed events.
+//
+// It is test support: only the suites' tests import it, never library code
+// (guard_test.go enforces that).
+package testbed

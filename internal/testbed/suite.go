@@ -1,0 +1,330 @@
+package testbed
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/testenv"
+)
+
+// SuiteConfig describes one suite and its private services.
+type SuiteConfig struct {
+	// Name is the suite's package name ("faultsuite"): it prefixes messages
+	// and names the temp folder and the summary file.
+	Name string
+	// EnvPrefix names the variables that override the private ports:
+	// <EnvPrefix>_MYSQL_PORT, _NAMESRV_PORT and _BROKER_PORT.
+	EnvPrefix string
+	// Default ports of the private MariaDB, name server and (first) broker.
+	MySQLPort, NamesrvPort, BrokerPort int
+	// Brokers is 1, or 2 for broker-a and broker-b (broker-b listens 100
+	// above broker-a).
+	Brokers int
+	// Title is the summary's heading, read when the summary is printed.
+	Title func(*Suite) string
+	// QueuesPerBroker is the number of queues of a bed's topic on each
+	// broker (default 4).
+	QueuesPerBroker int
+	// DBConns bounds a bed's connection pool (default 48).
+	DBConns int
+	// ErrorPause is how long a load worker waits after an error, so that an
+	// outage is a series of clear errors rather than a busy loop (default 1 s).
+	ErrorPause time.Duration
+}
+
+// Suite is one suite's run: its flags, its private services and its summary.
+type Suite struct {
+	cfg         SuiteConfig
+	runDir      *string
+	summaryFile *string
+	keep        *bool
+	private     *Services
+
+	// Report collects the scenarios' figures; TestMain prints it.
+	Report *Summary
+	// BrokerA and BrokerB are the private brokers' addresses (BrokerB only
+	// with Brokers: 2), set before the tests run.
+	BrokerA, BrokerB string
+}
+
+// NewSuite registers the suite's common flags (-run-dir, -summary-file,
+// -keep-services); call it from a package-level var, before flag.Parse.
+func NewSuite(cfg SuiteConfig) *Suite {
+	if cfg.Brokers <= 0 {
+		cfg.Brokers = 1
+	}
+	if cfg.QueuesPerBroker <= 0 {
+		cfg.QueuesPerBroker = 4
+	}
+	if cfg.DBConns <= 0 {
+		cfg.DBConns = 48
+	}
+	if cfg.ErrorPause <= 0 {
+		cfg.ErrorPause = time.Second
+	}
+	s := &Suite{cfg: cfg, Report: &Summary{}}
+	if cfg.Title != nil {
+		s.Report.Title = func() string { return cfg.Title(s) }
+	}
+	s.runDir = flag.String("run-dir", "", "run folder of the private services (default: a new temp folder, removed at the end)")
+	s.summaryFile = flag.String("summary-file", filepath.Join(os.TempDir(), "rmqtx-"+cfg.Name+"-summary.txt"),
+		"also write the summary here (go test hides a passing package's output unless -v)")
+	s.keep = flag.Bool("keep-services", false, "leave the private services running at the end (debugging; use with -run-dir to reuse them)")
+	return s
+}
+
+// Services drives scripts/services.sh against a private run folder.
+type Services struct {
+	env    []string
+	script string
+	runDir string
+}
+
+// RunDir is the private services' run folder.
+func (s *Services) RunDir() string { return s.runDir }
+
+// Run executes one services.sh command and returns its combined output.
+func (s *Services) Run(args ...string) (string, error) {
+	cmd := exec.Command("bash", append([]string{s.script}, args...)...)
+	cmd.Env = s.env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// exports returns the settings as printed by `services.sh env`.
+func (s *Services) exports() (map[string]string, error) {
+	out, err := s.Run("env")
+	if err != nil {
+		return nil, fmt.Errorf("services.sh env: %w: %s", err, out)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "export "), "=")
+		if ok {
+			m[k] = v
+		}
+	}
+	return m, nil
+}
+
+// reaper starts a detached shell that stops the private services and removes
+// the run folder if this process dies without doing it (a -timeout panic or a
+// kill). Its output goes nowhere so `go test` does not wait for it.
+func (s *Services) reaper(removeDir bool) error {
+	script := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down >/dev/null 2>&1`
+	if removeDir {
+		script += `; rm -rf "$RMQTX_RUN_DIR"`
+	}
+	cmd := exec.Command("setsid", "bash", "-c", script)
+	cmd.Env = append(s.env, "WATCH="+strconv.Itoa(os.Getpid()), "SCRIPT="+s.script)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, nil, nil
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	return cmd.Process.Release()
+}
+
+// moduleRoot is the folder of go.mod above the working directory (a test
+// runs in its package's folder).
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = up
+	}
+}
+
+func envOr(k string, def int) (int, error) {
+	v := os.Getenv(k)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", k, err)
+	}
+	return n, nil
+}
+
+func (s *Suite) newServices() (*Services, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	runDir := *s.runDir
+	if runDir == "" {
+		runDir, err = os.MkdirTemp("", "rmqtx-"+s.cfg.Name+"-")
+		if err != nil {
+			return nil, err
+		}
+	}
+	ports := map[string]int{"MYSQL": s.cfg.MySQLPort, "NAMESRV": s.cfg.NamesrvPort, "BROKER": s.cfg.BrokerPort}
+	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+strconv.Itoa(s.cfg.Brokers))
+	for _, k := range []string{"MYSQL", "NAMESRV", "BROKER"} {
+		p, err := envOr(s.cfg.EnvPrefix+"_"+k+"_PORT", ports[k])
+		if err != nil {
+			return nil, err
+		}
+		ports[k] = p
+		env = append(env, "RMQTX_"+k+"_PORT="+strconv.Itoa(p))
+	}
+	if s.cfg.Brokers > 1 {
+		env = append(env, "RMQTX_BROKER_B_PORT="+strconv.Itoa(ports["BROKER"]+100))
+	}
+	return &Services{env: env, script: filepath.Join(root, "scripts", "services.sh"), runDir: runDir}, nil
+}
+
+// Main is the suite's TestMain: it starts the private services, points
+// internal/testenv at them, runs the tests, prints and writes the summary,
+// and stops the services. A crash child (internal/testenv Child) and a
+// -short run only run the tests: the child inherits its parent's settings,
+// and every test here skips under -short.
+func (s *Suite) Main(m *testing.M) int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if testenv.InChild() || testing.Short() {
+		return m.Run()
+	}
+	name := s.cfg.Name
+	start := time.Now()
+	svc, err := s.newServices()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		return 1
+	}
+	s.private = svc
+	removeDir := *s.runDir == ""
+	if !*s.keep {
+		if err := svc.reaper(removeDir); err != nil {
+			fmt.Fprintln(os.Stderr, name+": reaper:", err)
+			return 1
+		}
+	}
+	out, err := svc.Run("up")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: starting the private services failed: %v\n%s\n", name, err, out)
+		logs, _ := svc.Run("logs")
+		fmt.Fprintln(os.Stderr, logs)
+		_, _ = svc.Run("down")
+		return 1
+	}
+	exp, err := svc.exports()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		return 1
+	}
+	// testenv reads these at first use; the crash children inherit them.
+	keys := []string{"RMQTX_MYSQL_ADDR", "RMQTX_MYSQL_USER", "RMQTX_MYSQL_PASSWORD", "RMQTX_NAMESRV", "RMQTX_BROKER"}
+	if s.cfg.Brokers > 1 {
+		keys = append(keys, "RMQTX_BROKER_B")
+	}
+	for _, k := range keys {
+		if exp[k] == "" {
+			fmt.Fprintf(os.Stderr, "%s: services.sh env printed no %s\n", name, k)
+			return 1
+		}
+		if err := os.Setenv(k, exp[k]); err != nil {
+			fmt.Fprintln(os.Stderr, name+":", err)
+			return 1
+		}
+	}
+	s.BrokerA, s.BrokerB = exp["RMQTX_BROKER"], exp["RMQTX_BROKER_B"]
+	s.Report.servicesUp = time.Since(start)
+	code := m.Run()
+	s.Report.exitCode = code
+	sum := s.Report.String()
+	fmt.Print(sum)
+	if *s.summaryFile != "" && sum != "" {
+		if err := os.WriteFile(*s.summaryFile, []byte(sum), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, name+": summary file:", err)
+		}
+	}
+	if !*s.keep {
+		if out, err := svc.Run("down"); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: stopping the private services: %v\n%s\n", name, err, out)
+		}
+		if removeDir {
+			_ = os.RemoveAll(svc.runDir)
+		}
+	}
+	fmt.Printf("%s: total %s (private services up in %s)\n", name, time.Since(start).Round(time.Second), s.Report.servicesUp.Round(time.Second))
+	return code
+}
+
+// Private returns the suite's private services, failing t outside a run
+// started by Main (the tests that stop a service need them).
+func (s *Suite) Private(t testing.TB) *Services {
+	t.Helper()
+	require.NotNil(t, s.private, "this test needs the suite's private services (started by TestMain)")
+	return s.private
+}
+
+// MustService runs one services.sh command (kill9 or down) and fails t on
+// an error.
+func (s *Suite) MustService(t testing.TB, args ...string) {
+	t.Helper()
+	start := time.Now()
+	out, err := s.Private(t).Run(args...)
+	require.NoError(t, err, "services.sh %v:\n%s", args, out)
+	t.Logf("services.sh %v took %s", args, time.Since(start).Round(100*time.Millisecond))
+}
+
+// MustComeBack restarts service and fails the test with a failure of its
+// own kind when it is not usable again within the script's bound
+// (RMQTX_WAIT_SECONDS, 180 s): a restart that does not come back is an
+// environment fault to fix (store size, heap, readiness check), never a
+// finding about the invariants, and it is never retried.
+func (s *Suite) MustComeBack(t testing.TB, service string) {
+	t.Helper()
+	start := time.Now()
+	out, err := s.Private(t).Run("up", service)
+	if err != nil {
+		s.Report.restartFailed(service, time.Since(start))
+		t.Fatalf("RESTART FAILED: %s did not come back within %s of its restart (services.sh up %s: %v):\n%s",
+			service, time.Since(start).Round(time.Second), service, err, out)
+	}
+	t.Logf("services.sh up %s took %s", service, time.Since(start).Round(100*time.Millisecond))
+}
+
+// KeepUp makes sure, when t ends, that service runs again for the next
+// tests, whatever happened.
+func (s *Suite) KeepUp(t testing.TB, service string) {
+	svc := s.Private(t)
+	t.Cleanup(func() { _, _ = svc.Run("up", service) })
+}
+
+// BrokerName names the private broker at addr as services.sh does.
+func (s *Suite) BrokerName(addr string) string {
+	switch {
+	case addr == "":
+		return ""
+	case addr == s.BrokerA:
+		return "broker-a"
+	case addr == s.BrokerB:
+		return "broker-b"
+	}
+	return addr
+}

@@ -1,0 +1,125 @@
+package testbed
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The verdict is PASS only when every scenario reached the end of Verify
+// with committed events, the invariants held, and the tests passed.
+func TestSummaryVerdict(t *testing.T) {
+	good := func(name string) *Scenario {
+		return &Scenario{Name: name, Attempted: 10, Committed: 8, RolledBack: 2, Consumed: 8, Verified: true}
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Summary, *Scenario)
+		want []string // in the output
+	}{
+		{"pass", func(*Summary, *Scenario) {}, []string{": PASS ===="}},
+		{"died before verify", func(_ *Summary, s *Scenario) { s.Verified = false },
+			[]string{"NOT VERIFIED: b ended before its verification finished", "unverified=1: FAIL"}},
+		{"nothing committed", func(_ *Summary, s *Scenario) { s.Committed = 0 }, []string{"NOTHING COMMITTED: b", ": FAIL"}},
+		{"lost", func(_ *Summary, s *Scenario) { s.Lost = 1 }, []string{"lost=1 ", ": FAIL"}},
+		{"ghost", func(_ *Summary, s *Scenario) { s.Ghosts = 1 }, []string{"ghosts=1 ", ": FAIL"}},
+		{"double", func(_ *Summary, s *Scenario) { s.Double = 1 }, []string{"double_effects=1 ", ": FAIL"}},
+		{"restart", func(r *Summary, _ *Scenario) { r.restartFailed("broker", 0) }, []string{"RESTART FAILED", ": FAIL"}},
+		{"tests failed", func(r *Summary, _ *Scenario) { r.exitCode = 1 }, []string{"TESTS FAILED", ": FAIL"}},
+		{"stored twice is a figure", func(_ *Summary, s *Scenario) { s.StoredTwice = 3 }, []string{"stored_more_than_once=3 ", ": PASS"}},
+	} {
+		r := &Summary{Title: func() string { return "demo" }}
+		s := good("b")
+		r.Add(good("a"))
+		r.Add(s)
+		tc.mod(r, s)
+		out := r.String()
+		for _, w := range tc.want {
+			require.Contains(t, out, w, tc.name)
+		}
+	}
+	require.Empty(t, (&Summary{}).String(), "no scenario, no summary")
+}
+
+// guarded are the test-support packages that library code must not import.
+var guarded = []string{
+	"github.com/rmqtx/rmqtx/internal/testbed",
+	"github.com/rmqtx/rmqtx/internal/testenv",
+	"github.com/rmqtx/rmqtx/internal/configtest",
+}
+
+// supportImports lists "file: import" for every non-test Go file under root
+// (outside the test-support packages themselves, testdata, third_party and
+// hidden folders) that imports one of guarded.
+func supportImports(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			name := d.Name()
+			if rel != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "third_party" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			for _, g := range guarded {
+				if "github.com/rmqtx/rmqtx/"+rel == g {
+					return filepath.SkipDir
+				}
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			for _, g := range guarded {
+				if p == g {
+					out = append(out, rel+": "+p)
+				}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// Test support stays out of library code: no non-test file of the module
+// imports the test bed, testenv or configtest.
+func TestLibraryCodeDoesNotImportTestSupport(t *testing.T) {
+	root, err := moduleRoot()
+	require.NoError(t, err)
+	require.Empty(t, supportImports(t, root))
+}
+
+// The guard finds a planted import, and ignores test files and the
+// support packages themselves.
+func TestImportGuardFindsAPlantedImport(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, src string) {
+		p := filepath.Join(root, rel)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
+	}
+	write("outbox/leak.go", "package outbox\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testbed\"\n")
+	write("outbox/ok_test.go", "package outbox\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
+	write("internal/testbed/bed.go", "package testbed\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
+	write("consumer/clean.go", "package consumer\n\nimport _ \"fmt\"\n")
+	require.Equal(t, []string{"outbox/leak.go: github.com/rmqtx/rmqtx/internal/testbed"}, supportImports(t, root))
+}

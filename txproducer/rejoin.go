@@ -1,0 +1,138 @@
+package txproducer
+
+import (
+	"context"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2"
+
+	"github.com/rmqtx/rmqtx/internal/remoting"
+)
+
+// Why the producer watches the cluster's brokers.
+//
+// A broker sends checks only over connections of instances that registered
+// with it by heartbeat, and a restarted broker has lost every one of them.
+// rocketmq-client-go heartbeats every 30 s, so for up to 30 s after a
+// restart the broker finds no channel for the group's pending halves
+// ("Check transaction failed, channel is null"), each failed check counts
+// toward transactionCheckMax, and with short check settings the broker
+// discards halves that a check would have resolved: discard recovery then
+// republishes the committed ones, up to a minute late.
+//
+// Detection: the name server drops a broker whose connection closes (a
+// kill, a shutdown, a crash the operating system sees) and lists it again
+// when it registers after its restart. So a restart shows as a master
+// address that was missing at the previous poll, and so does a new broker.
+// The watcher asks the name server for the cluster's masters once per
+// BrokerWatchInterval (one GET_BROKER_CLUSTER_INFO) and sends nothing else
+// while the list does not change. When a master appears it refreshes the
+// client's routes (the client may have dropped the broker while it was
+// away), heartbeats at once, and asks the broker whether it lists this
+// instance; a broker that does not yet is tried again at each poll, for at
+// most rejoinFor, after which the client's own heartbeat has had its turn.
+// The client has no public call for either step (see internalClient).
+//
+// Not seen: a broker that restarts before the name server notices it was
+// gone (a host that reboots without closing its connections, within the
+// name server's 120 s broker expiry). The client's own heartbeat registers
+// the instance there.
+
+// rejoinFor bounds how long a broker that appeared is heartbeated again at
+// each poll until it lists this instance: the client's heartbeat period.
+const rejoinFor = 30 * time.Second
+
+// watcher is the goroutine of watchBrokers.
+type watcher struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stop ends the watcher and waits for it (a heartbeat in progress is
+// bounded by the client's 3 s per broker).
+func (w *watcher) stop() {
+	if w == nil {
+		return
+	}
+	w.cancel()
+	<-w.done
+}
+
+// watchBrokers starts the watcher (see above) with known, the masters Start
+// listed, as the first view; nil lets the first poll set it. It returns nil,
+// watching nothing, when BrokerWatchInterval is negative or the client's
+// layout offers no heartbeat.
+func (p *Producer) watchBrokers(tp rocketmq.TransactionProducer, known []string) *watcher {
+	if p.cfg.BrokerWatchInterval < 0 {
+		return nil
+	}
+	if internalClient(tp) == nil {
+		p.cfg.Logger.Info("txproducer: this rocketmq-client-go offers no heartbeat call; after a broker restart, checks reach this instance only after the client's next heartbeat (30 s)")
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watcher{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		p.watch(ctx, tp, known)
+	}()
+	return w
+}
+
+func (p *Producer) watch(ctx context.Context, tp rocketmq.TransactionProducer, known []string) {
+	l := p.cfg.Logger.WithField("group", p.cfg.Group)
+	view := map[string]bool{}
+	for _, a := range known {
+		view[a] = true
+	}
+	haveView := known != nil
+	pending := map[string]time.Time{} // broker -> when it appeared
+	t := time.NewTicker(p.cfg.BrokerWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout)
+		if err == nil {
+			now := time.Now()
+			next := make(map[string]bool, len(masters))
+			for _, a := range masters {
+				next[a] = true
+				if _, ok := pending[a]; haveView && !view[a] && !ok {
+					pending[a] = now
+					l.WithField("broker", a).Info("txproducer: a master broker (re)appeared in the cluster; registering this instance with it now")
+				}
+			}
+			view, haveView = next, true
+		}
+		if len(pending) > 0 && ctx.Err() == nil {
+			p.rejoin(ctx, tp, pending)
+		}
+	}
+}
+
+// rejoin refreshes the client's routes, heartbeats every broker in them,
+// and drops from pending each broker that now lists this instance, or that
+// has been pending for rejoinFor.
+func (p *Producer) rejoin(ctx context.Context, tp rocketmq.TransactionProducer, pending map[string]time.Time) {
+	refreshRoutes(tp)
+	heartbeatNow(tp)
+	for addr, since := range pending {
+		l := p.cfg.Logger.WithFields(map[string]any{"group": p.cfg.Group, "broker": addr})
+		ids, err := remoting.ProducerConnections(ctx, addr, p.cfg.SendTimeout, p.cfg.Group)
+		switch {
+		case err == nil && listsInstance(ids, p.cfg.InstanceName):
+			delete(pending, addr)
+			l.WithField("after", time.Since(since).Round(time.Millisecond).String()).Info("txproducer: the broker lists this instance again; its checks reach it")
+		case time.Since(since) >= rejoinFor:
+			delete(pending, addr)
+			if err != nil {
+				l = l.WithError(err)
+			}
+			l.Info("txproducer: the broker does not list this instance (none of its topics is on it, or it does not answer); left to the client's heartbeat")
+		}
+	}
+}

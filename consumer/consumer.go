@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"os"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -184,7 +185,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if c.cfg.FromLatest {
 		from = rmq.ConsumeFromLastOffset
 	}
-	gate := pushstop.New()
+	gate := pushstop.New(c.cfg.Group, c.cfg.NameServers)
 	pc, err := rocketmq.NewPushConsumer(
 		rmq.WithGroupName(c.cfg.Group),
 		rmq.WithNsResolver(ns),
@@ -263,7 +264,15 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	pc, gate, prod := c.pc, c.gate, c.prod
 	c.mu.Unlock()
 
-	werr := gate.Stop(ctx, pc)
+	var werr error
+	if os.Getenv("ZZ_OLD_SHUTDOWN") != "" {
+		pc.Suspend()
+		for gate.Running() > 0 && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+	} else {
+		werr = gate.Stop(ctx, pc)
+	}
 	err := pc.Shutdown()
 	if prod != nil {
 		if perr := prod.Shutdown(); err == nil {

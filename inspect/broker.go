@@ -12,8 +12,8 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Broker-side topics an event can sit in besides its own topic.
@@ -144,7 +144,7 @@ func (l RemotingLookup) queryBroker(ctx context.Context, addr, topic, key string
 }
 
 func hasKey(m *primitive.MessageExt, key string) bool {
-	if m.GetProperty(envelope.PropEventID) == key || m.GetProperty(uniqueKeyProperty) == key {
+	if m.GetProperty(wire.PropEventID) == key || m.GetProperty(uniqueKeyProperty) == key {
 		return true
 	}
 	for _, k := range strings.Fields(m.GetKeys()) {
@@ -161,7 +161,7 @@ func brokerMessage(m *primitive.MessageExt) BrokerMessage {
 		OffsetMsgID: m.OffsetMsgId, UniqKey: m.GetProperty(uniqueKeyProperty), Keys: m.GetKeys(), Tags: m.GetTags(),
 		BornAt: time.UnixMilli(m.BornTimestamp).UTC(), StoredAt: time.UnixMilli(m.StoreTimestamp).UTC(),
 		ReconsumeTimes: int(m.ReconsumeTimes), BodySize: len(m.Body),
-		ReplayAuditID: m.GetProperty(envelope.PropReplayPrefix + "AUDIT_ID"),
+		ReplayAuditID: m.GetProperty(wire.PropReplayPrefix + "AUDIT_ID"),
 	}
 	if m.Queue != nil {
 		b.QueueID = m.Queue.QueueId

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // A broker that does not answer does not hide what the others hold: the
@@ -22,9 +22,9 @@ func TestRemotingLookupEveryBroker(t *testing.T) {
 	s := testenv.Integration(t)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 1)
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	m := primitive.NewMessage(topic, []byte("hello"))
-	m.WithProperties(envelope.Envelope{EventID: id, EventType: "T"}.Properties([]byte("hello")))
+	m.WithProperties(wire.Envelope{EventID: id, EventType: "T"}.Properties([]byte("hello")))
 	m.WithKeys([]string{id})
 	_, err := testenv.Producer(t).SendSync(context.Background(), m)
 	require.NoError(t, err)

@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func TestRedactors(t *testing.T) {
@@ -43,15 +43,15 @@ func TestEventAcrossTables(t *testing.T) {
 	require.NoError(t, schema.MigrateAll(ctx, db, prefix))
 	st, err := txlog.New(db, prefix)
 	require.NoError(t, err)
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	payload := []byte(`{"order":"o-1","card":"4111111111111111"}`)
 	tx, err := db.Beginx()
 	require.NoError(t, err)
 	require.NoError(t, st.Insert(ctx, tx, txlog.Row{EventID: id, ProducerGroup: "pg", Topic: "orders", EventType: "OrderPaid",
-		State: txlog.StateCommitted, Payload: payload, PayloadHash: envelope.Hash(payload), BusinessKey: "o-1", ResolvedBy: txlog.ByLocalCommit}))
+		State: txlog.StateCommitted, Payload: payload, PayloadHash: wire.Hash(payload), BusinessKey: "o-1", ResolvedBy: txlog.ByLocalCommit}))
 	require.NoError(t, tx.Commit())
 	_, err = db.Exec(`INSERT INTO `+prefix+`consume_log (consumer_group, event_id, event_type, request_hash, status, first_received_at, updated_at)
-		VALUES ('points', ?, 'OrderPaid', ?, 'SUCCESS', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, envelope.Hash(payload))
+		VALUES ('points', ?, 'OrderPaid', ?, 'SUCCESS', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, wire.Hash(payload))
 	require.NoError(t, err)
 	_, err = db.Exec(`INSERT INTO `+prefix+`consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
 		VALUES ('sms', ?, 2, 'transient', 'gateway timeout', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id)
@@ -59,7 +59,7 @@ func TestEventAcrossTables(t *testing.T) {
 	_, err = db.Exec(`INSERT INTO `+prefix+`dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key,
 		error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
 		VALUES ('search', 'orders', 1, 7, 'm', ?, 'OrderPaid', 'o-1', 'data', 'bad json', ?, ?, '{"RMQTX_EVENT_ID":"x"}', 0, 'PARKED',
-		UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, payload, envelope.Hash(payload))
+		UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, payload, wire.Hash(payload))
 	require.NoError(t, err)
 
 	in, err := inspect.New(inspect.Config{DB: db, TablePrefix: prefix})
@@ -122,9 +122,9 @@ func TestRemotingLookup(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.Start())
 	defer func() { _ = p.Shutdown() }()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	m := primitive.NewMessage(topic, []byte("hello"))
-	m.WithProperties(envelope.Envelope{EventID: id, EventType: "T"}.Properties([]byte("hello")))
+	m.WithProperties(wire.Envelope{EventID: id, EventType: "T"}.Properties([]byte("hello")))
 	m.WithKeys([]string{id, "other-key"})
 	res, err := p.SendSync(context.Background(), m)
 	require.NoError(t, err)
@@ -158,7 +158,7 @@ func TestDeadLettersFilter(t *testing.T) {
 		res, err := db.Exec(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
 			business_key, error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
 			VALUES ('g', ?, 0, 0, 'm', ?, 'T', 'k', 'data', 'bad', 'p', SHA2('p', 256), '{}', 0, 'PARKED', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`,
-			topic, envelope.NewEventID())
+			topic, wire.NewEventID())
 		require.NoError(t, err)
 		id, err := res.LastInsertId()
 		require.NoError(t, err)

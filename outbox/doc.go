@@ -8,8 +8,8 @@
 // (HTTP, SMS, payment gateways) that cannot join a database transaction. For
 // those, a consumer writes a command row in its own transaction and a
 // dispatcher with a FuncSink calls the external system later, passing the
-// event id as the idempotency key (the "command outbox", §16 of the reference
-// text).
+// event id as the idempotency key (the "command outbox"; README "Outbox and
+// command outbox").
 //
 // The life of a row:
 //

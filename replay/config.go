@@ -11,10 +11,10 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // DefaultTablePrefix is the prefix of the consumer tables and of the audit
@@ -23,11 +23,11 @@ const DefaultTablePrefix = sqlname.DefaultPrefix
 
 // Properties a replay adds to each message (beside the original envelope).
 const (
-	PropAuditID      = envelope.PropReplayPrefix + "AUDIT_ID"       // replay_audit.id of the run
-	PropOperator     = envelope.PropReplayPrefix + "OPERATOR"       // who ran it
-	PropCount        = envelope.PropReplayPrefix + "COUNT"          // 1 for the first replay of this dead letter
-	PropDeadLetterID = envelope.PropReplayPrefix + "DEAD_LETTER_ID" // dead_letter.id replayed
-	PropGroup        = envelope.PropReplayPrefix + "GROUP"          // consumer group that parked it
+	PropAuditID      = wire.PropReplayPrefix + "AUDIT_ID"       // replay_audit.id of the run
+	PropOperator     = wire.PropReplayPrefix + "OPERATOR"       // who ran it
+	PropCount        = wire.PropReplayPrefix + "COUNT"          // 1 for the first replay of this dead letter
+	PropDeadLetterID = wire.PropReplayPrefix + "DEAD_LETTER_ID" // dead_letter.id replayed
+	PropGroup        = wire.PropReplayPrefix + "GROUP"          // consumer group that parked it
 )
 
 // Sentinel errors. Every error this package returns wraps one of them or a

@@ -11,9 +11,8 @@
 //   - Pacing: messages go out in small batches under a token-bucket rate limit
 //     (golang.org/x/time/rate, burst 1). After every batch the replayer counts
 //     dead letters parked since it started; once they reach
-//     Config.StopAfterNewDeadLetters it stops by itself (the reference text's
-//     §24.6: a replay that makes new dead letters is flooding a downstream
-//     that has not recovered).
+//     Config.StopAfterNewDeadLetters it stops by itself (a replay that makes
+//     new dead letters is flooding a downstream that has not recovered).
 //   - Audit: every run writes a <prefix>replay_audit row (operator, reason,
 //     scope as JSON, selected/sent/failed/skipped counts, start, end, result)
 //     and one <prefix>replay_audit_item row per dead letter it touched.

@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // deadLetter is a dead-letter row written straight into the consumer's
@@ -26,7 +26,7 @@ type deadLetter struct {
 	Group, Topic, EventID, Type, Key, Class, Status string
 	Payload                                         []byte
 	Redacted                                        bool
-	Hash                                            string // default envelope.Hash(Payload)
+	Hash                                            string // default wire.Hash(Payload)
 	FirstSeen                                       time.Time
 }
 
@@ -42,18 +42,18 @@ func insertDeadLetter(t *testing.T, db *sqlx.DB, d deadLetter) int64 {
 		d.Type = "OrderPaid"
 	}
 	if d.EventID == "" {
-		d.EventID = envelope.NewEventID()
+		d.EventID = wire.NewEventID()
 	}
 	if d.Payload == nil {
 		d.Payload = []byte(`{"order":"` + d.EventID + `","amount":42}`)
 	}
 	if d.Hash == "" {
-		d.Hash = envelope.Hash(d.Payload)
+		d.Hash = wire.Hash(d.Payload)
 	}
 	if d.FirstSeen.IsZero() {
 		d.FirstSeen = time.Now().UTC().Add(-time.Hour)
 	}
-	env := envelope.Envelope{EventID: d.EventID, EventType: d.Type, BusinessKey: d.Key}
+	env := wire.Envelope{EventID: d.EventID, EventType: d.Type, BusinessKey: d.Key}
 	props := env.Properties(d.Payload)
 	props["KEYS"] = d.EventID
 	pj, _ := json.Marshal(props)
@@ -86,7 +86,7 @@ func newReplayer(t *testing.T, cfg replay.Config) *replay.Replayer {
 }
 
 // publish sends plain rmqtx-enveloped messages (as the outbox would).
-func publish(t *testing.T, s testenv.Settings, topic string, envs []envelope.Envelope, payload func(envelope.Envelope) []byte) {
+func publish(t *testing.T, s testenv.Settings, topic string, envs []wire.Envelope, payload func(wire.Envelope) []byte) {
 	t.Helper()
 	g := testenv.Name(t, "pub")
 	p, err := rmq.NewProducer(producer.WithNsResolver(s.NameServerResolver()), producer.WithGroupName(g), producer.WithInstanceName(g))

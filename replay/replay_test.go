@@ -14,10 +14,10 @@ import (
 
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Dead letters made by a real consumer are replayed through the broker to
@@ -57,11 +57,11 @@ func TestReplayEndToEnd(t *testing.T) {
 	col := testenv.Collect(t, topic)
 
 	const n = 5
-	envs := make([]envelope.Envelope, n)
+	envs := make([]wire.Envelope, n)
 	for i := range envs {
-		envs[i] = envelope.Envelope{EventID: envelope.NewEventID(), EventType: "OrderPaid", BusinessKey: "order-" + strconv.Itoa(i)}
+		envs[i] = wire.Envelope{EventID: wire.NewEventID(), EventType: "OrderPaid", BusinessKey: "order-" + strconv.Itoa(i)}
 	}
-	publish(t, s, topic, envs, func(e envelope.Envelope) []byte {
+	publish(t, s, topic, envs, func(e wire.Envelope) []byte {
 		return []byte(`{"order":"` + e.BusinessKey + `","card":"4111111111111111"}`)
 	})
 	testenv.Eventually(t, 90*time.Second, "5 parked dead letters", func() bool {
@@ -229,7 +229,7 @@ func TestDryRunSelectors(t *testing.T) {
 	t0 := time.Date(2025, 3, 1, 10, 0, 0, 0, time.UTC)
 	a := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Type: "OrderPaid", Key: "k1", FirstSeen: t0})
 	b := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Type: "OrderShipped", Key: "k2", Class: "data", FirstSeen: t0.Add(time.Hour)})
-	cRedacted := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Redacted: true, Hash: envelope.Hash([]byte("original")), FirstSeen: t0.Add(2 * time.Hour)})
+	cRedacted := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Redacted: true, Hash: wire.Hash([]byte("original")), FirstSeen: t0.Add(2 * time.Hour)})
 	dConflict := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Class: "conflict", FirstSeen: t0.Add(3 * time.Hour)})
 	eReplayed := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Status: "REPLAYED", FirstSeen: t0})
 	insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Status: "DISCARDED", FirstSeen: t0})

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Selector picks dead letters. Zero fields do not filter; every set field
@@ -178,7 +178,7 @@ func lockedSkipReason(d consumer.DeadLetter, s Selector) string {
 func replayProperties(d consumer.DeadLetter) map[string]string {
 	props := make(map[string]string, len(d.Properties))
 	for k, v := range d.Properties {
-		if !strings.HasPrefix(k, envelope.PropReplayPrefix) {
+		if !strings.HasPrefix(k, wire.PropReplayPrefix) {
 			props[k] = v
 		}
 	}

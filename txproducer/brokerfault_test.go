@@ -273,7 +273,12 @@ func (f *faultBed) testRestartWithPendingHalves(t *testing.T) {
 	testenv.Eventually(t, time.Until(usable.Add(bound)), "every pending half's check answered within 2 check intervals of the broker being usable", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(answered) == n
+		for _, id := range ids {
+			if _, ok := answered[id]; !ok {
+				return false
+			}
+		}
+		return true
 	})
 	mu.Lock()
 	for i, id := range ids {

@@ -118,15 +118,16 @@ type Config struct {
 	// Default none.
 	WarmupTopics []string
 	// BrokerWatchInterval is how often the producer asks the name server
-	// for the cluster's master brokers (one GET_BROKER_CLUSTER_INFO per
-	// interval, nothing else while the list does not change). A master
-	// that appears, a new broker or one that restarted (the name server
-	// drops a broker whose connection closes), is heartbeated at once and
-	// asked whether it lists this instance. Without it a restarted broker
-	// knows no instance of the group until the client's next heartbeat (up
-	// to 30 s), and its checks in between fail and count toward
-	// transactionCheckMax. Default 2 s; keep it below the brokers'
-	// transactionCheckInterval. Negative: do not watch.
+	// for the cluster's master brokers: one GET_BROKER_CLUSTER_INFO per
+	// interval, and nothing else while no master is away. A master that
+	// left the list (the name server drops a broker whose connection
+	// closes) is dialled once per interval until it accepts connections
+	// again; then, or when a master appears, this instance heartbeats it
+	// at once and asks whether it is listed. Without this a restarted
+	// broker knows no instance of the group until the client's next
+	// heartbeat (up to 30 s), and its checks in between fail and count
+	// toward transactionCheckMax. Default 2 s; keep it below the brokers'
+	// transactionCheckInterval. Negative: do not watch. See rejoin.go.
 	BrokerWatchInterval time.Duration
 	// DisableRecovery does not start discard recovery (discard.Recovery)
 	// with the producer. Default false.

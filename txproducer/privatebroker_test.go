@@ -21,11 +21,13 @@ import (
 )
 
 // Ports of the private services; each can be overridden. The broker uses
-// port-2 and port+1 too. (faultsuite and clustersuite use 1xxxx-3xxxx.)
+// port-2 and port+1 too. All stay below Linux's ephemeral port range (32768
+// and up), where an outgoing connection can hold a port the broker then
+// cannot bind; faultsuite and clustersuite use other ports.
 const (
-	envPrivateMySQLPort   = "RMQTX_TXPRODUCER_MYSQL_PORT"   // default 33307
-	envPrivateNamesrvPort = "RMQTX_TXPRODUCER_NAMESRV_PORT" // default 39876
-	envPrivateBrokerPort  = "RMQTX_TXPRODUCER_BROKER_PORT"  // default 40911
+	envPrivateMySQLPort   = "RMQTX_TXPRODUCER_MYSQL_PORT"   // default 16307
+	envPrivateNamesrvPort = "RMQTX_TXPRODUCER_NAMESRV_PORT" // default 16876
+	envPrivateBrokerPort  = "RMQTX_TXPRODUCER_BROKER_PORT"  // default 17911
 	// envPrivateKeep set to 1 keeps the run folder (logs, stores) of a test
 	// that failed; the services are stopped all the same.
 	envPrivateKeep = "RMQTX_TXPRODUCER_KEEP_RUN_DIR"
@@ -65,9 +67,9 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 	b := &privateBroker{script: script, runDir: runDir, env: append(os.Environ(),
 		"RMQTX_RUN_DIR="+runDir,
 		"RMQTX_BROKERS=1",
-		"RMQTX_MYSQL_PORT="+envOrDefault(envPrivateMySQLPort, "33307"),
-		"RMQTX_NAMESRV_PORT="+envOrDefault(envPrivateNamesrvPort, "39876"),
-		"RMQTX_BROKER_PORT="+envOrDefault(envPrivateBrokerPort, "40911"),
+		"RMQTX_MYSQL_PORT="+envOrDefault(envPrivateMySQLPort, "16307"),
+		"RMQTX_NAMESRV_PORT="+envOrDefault(envPrivateNamesrvPort, "16876"),
+		"RMQTX_BROKER_PORT="+envOrDefault(envPrivateBrokerPort, "17911"),
 	)}
 	keep := os.Getenv(envPrivateKeep) == "1"
 	reap := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down >/dev/null 2>&1`

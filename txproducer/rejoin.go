@@ -2,6 +2,7 @@ package txproducer
 
 import (
 	"context"
+	"net"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
@@ -20,27 +21,44 @@ import (
 // discards halves that a check would have resolved: discard recovery then
 // republishes the committed ones, up to a minute late.
 //
-// Detection: the name server drops a broker whose connection closes (a
-// kill, a shutdown, a crash the operating system sees) and lists it again
-// when it registers after its restart. So a restart shows as a master
-// address that was missing at the previous poll, and so does a new broker.
-// The watcher asks the name server for the cluster's masters once per
-// BrokerWatchInterval (one GET_BROKER_CLUSTER_INFO) and sends nothing else
-// while the list does not change. When a master appears it refreshes the
-// client's routes (the client may have dropped the broker while it was
-// away), heartbeats at once, and asks the broker whether it lists this
-// instance; a broker that does not yet is tried again at each poll, for at
-// most rejoinFor, after which the client's own heartbeat has had its turn.
-// The client has no public call for either step (see internalClient).
+// Detection. The name server drops a broker whose connection closes (a
+// kill, a shutdown, a crash the operating system sees), so the watcher asks
+// it for the cluster's masters once per BrokerWatchInterval (one
+// GET_BROKER_CLUSTER_INFO) and notes a master that left. But a restarted
+// broker checks halves before the name server lists it again: RocketMQ
+// 5.3.3, restarted after a kill -9, ran its first checks 2 s after it
+// started and registered with the name server 10 s after (its first
+// registration found no name server available yet and waited for the
+// next, 10 s later), by which time the test bed's five checks 2 s apart
+// had discarded every pending half. So while a master is away the watcher
+// tries to open a TCP connection to it at each poll (refused at once while
+// it is down), and treats an accepted connection as its return: the broker
+// accepts connections before it starts checking. A master that the name
+// server lists and did not list at the previous poll (a new broker, or one
+// whose absence the dials did not see) counts as returned too. Nothing but
+// the one name-server request per poll is sent while no master is away.
+//
+// On a return the watcher refreshes the client's routes (in a cluster the
+// client may have dropped the broker while it was away, and then knows it
+// again only once the name server lists it), heartbeats at once, and asks
+// the broker whether it lists this instance; one that does not yet is
+// tried again at each poll, for at most rejoinFor, after which the client's
+// own heartbeat has had its turn. The client has no public call for either
+// step (see internalClient).
 //
 // Not seen: a broker that restarts before the name server notices it was
 // gone (a host that reboots without closing its connections, within the
-// name server's 120 s broker expiry). The client's own heartbeat registers
-// the instance there.
+// name server's 120 s broker expiry), and one away longer than awayFor (it
+// counts as returned when the name server lists it again). The client's own
+// heartbeat registers the instance there.
 
-// rejoinFor bounds how long a broker that appeared is heartbeated again at
+// rejoinFor bounds how long a broker that returned is heartbeated again at
 // each poll until it lists this instance: the client's heartbeat period.
 const rejoinFor = 30 * time.Second
+
+// awayFor bounds how long a master that left the cluster is dialled at each
+// poll: a broker removed for good is not dialled forever.
+const awayFor = 10 * time.Minute
 
 // watcher is the goroutine of watchBrokers.
 type watcher struct {
@@ -86,7 +104,15 @@ func (p *Producer) watch(ctx context.Context, tp rocketmq.TransactionProducer, k
 		view[a] = true
 	}
 	haveView := known != nil
-	pending := map[string]time.Time{} // broker -> when it appeared
+	away := map[string]time.Time{}    // master -> when the name server stopped listing it
+	pending := map[string]time.Time{} // master -> when it returned, until it lists this instance
+	returned := func(addr, how string) {
+		delete(away, addr)
+		if _, ok := pending[addr]; !ok {
+			pending[addr] = time.Now()
+			l.WithField("broker", addr).Info("txproducer: a master broker " + how + "; registering this instance with it now")
+		}
+	}
 	t := time.NewTicker(p.cfg.BrokerWatchInterval)
 	defer t.Stop()
 	for {
@@ -95,23 +121,49 @@ func (p *Producer) watch(ctx context.Context, tp rocketmq.TransactionProducer, k
 			return
 		case <-t.C:
 		}
-		masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout)
-		if err == nil {
-			now := time.Now()
+		if masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout); err == nil {
 			next := make(map[string]bool, len(masters))
 			for _, a := range masters {
 				next[a] = true
-				if _, ok := pending[a]; haveView && !view[a] && !ok {
-					pending[a] = now
-					l.WithField("broker", a).Info("txproducer: a master broker (re)appeared in the cluster; registering this instance with it now")
+				if haveView && !view[a] {
+					returned(a, "appeared in the cluster")
+				}
+			}
+			for a := range view {
+				if _, ok := away[a]; !next[a] && !ok {
+					away[a] = time.Now()
+					delete(pending, a)
+					l.WithField("broker", a).Info("txproducer: a master broker left the cluster; watching for its return")
 				}
 			}
 			view, haveView = next, true
+		}
+		for a, since := range away {
+			switch {
+			case accepts(ctx, a, p.cfg.SendTimeout):
+				returned(a, "accepts connections again")
+			case time.Since(since) >= awayFor:
+				delete(away, a)
+			}
 		}
 		if len(pending) > 0 && ctx.Err() == nil {
 			p.rejoin(ctx, tp, pending)
 		}
 	}
+}
+
+// accepts reports whether a TCP connection to addr opens (it is closed at
+// once).
+func accepts(ctx context.Context, addr string, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 // rejoin refreshes the client's routes, heartbeats every broker in them,

@@ -15,13 +15,13 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // secret is in every payload; no span attribute may contain it.
@@ -181,7 +181,7 @@ func TestTraceSendToHandlerAcrossBroker(t *testing.T) {
 	h := &handlerSpans{}
 	startConsumer(t, db, topic, tp, h)
 
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	checked := make(chan struct{})
 	var once sync.Once
 	p, err := txproducer.New(txproducer.Config{

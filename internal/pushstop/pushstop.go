@@ -23,9 +23,19 @@
 //  3. Wait, bounded by ctx, until every batch the hook let through before
 //     has been handed over (proved by its delivery to the wrapped callback,
 //     by its queue no longer being the consumer's, or by a committed offset
-//     past it), no callback runs, and the client's queues cache no message:
-//     everything delivered has been acknowledged (or handed back) in the
-//     client's offset table, which Shutdown then persists.
+//     past it), no callback runs, the client's queues cache no message, and
+//     each queue's offset is past every message whose callback returned:
+//     every outcome (acknowledged, or handed back to the broker) is in the
+//     client's offset table, which Shutdown then persists. The client
+//     removes a message from its cache and moves the offset in two steps,
+//     so an empty cache alone would let Shutdown persist an older offset.
+//
+// Then it writes those offsets to their brokers itself, one request each,
+// each confirmed by the broker's answer. The client persists them at
+// Shutdown with one-way requests just before it closes its connections, and
+// measured on the upstream client some of those never take effect: the
+// broker kept an older offset, so messages already applied would be
+// delivered again.
 //
 // Only then does Shutdown run; no putMessage can be in progress. The same
 // steps make the patched client (third_party/rocketmq-client-go, patch 3)
@@ -33,7 +43,7 @@
 //
 // Use one Gate per push consumer, for concurrent (not orderly) consumption:
 //
-//	g := pushstop.New()
+//	g := pushstop.New(group, nameServers)
 //	pc, err := rocketmq.NewPushConsumer(append(opts, g.Option())...)
 //	err = pc.Subscribe(topic, selector, g.Wrap(callback))
 //	...
@@ -44,6 +54,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -51,6 +62,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/hooks"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
+
+	"github.com/rmqtx/rmqtx/internal/remoting"
 )
 
 // ConsumeFunc is a push consumer's subscription callback.
@@ -59,16 +72,28 @@ type ConsumeFunc = func(context.Context, ...*primitive.MessageExt) (consumer.Con
 // pollEvery is how often Stop re-reads the client's state while it waits.
 const pollEvery = 5 * time.Millisecond
 
+// reqUpdateConsumerOffset is the broker's UPDATE_CONSUMER_OFFSET request.
+const reqUpdateConsumerOffset = 15
+
 // Gate guards one push consumer's shutdown. The zero value is not usable:
 // create it with New.
 type Gate struct {
+	group       string
+	nameServers []string
+
 	mu     sync.Mutex
 	closed bool
 	// pending holds, per queue, the last pull result the hook let through
 	// and nobody has seen delivered yet. A queue's pull goroutine runs the
 	// hook and putMessage in turn, so a newer batch for a queue means the
 	// older one was put; only the newest can still be on its way.
-	pending   map[primitive.MessageQueue]batch
+	pending map[primitive.MessageQueue]batch
+	// returned holds, per queue, the highest offset among messages whose
+	// callback has returned. The client records the outcome (removes the
+	// message from its cache, then moves the queue's offset) just after
+	// the callback returns, in two steps: an empty cache alone does not
+	// prove that the offset has moved.
+	returned  map[primitive.MessageQueue]int64
 	running   int   // wrapped callbacks in progress
 	discarded int64 // messages of pull results dropped after the gate closed
 }
@@ -78,9 +103,16 @@ type batch struct {
 	last int64 // highest queue offset in msgs
 }
 
-// New returns an open gate.
-func New() *Gate {
-	return &Gate{pending: map[primitive.MessageQueue]batch{}}
+// New returns an open gate for a push consumer of group that uses
+// nameServers; Stop writes the group's offsets through them. With no name
+// server, Stop leaves the offsets to the client's Shutdown.
+func New(group string, nameServers []string) *Gate {
+	return &Gate{
+		group:       group,
+		nameServers: nameServers,
+		pending:     map[primitive.MessageQueue]batch{},
+		returned:    map[primitive.MessageQueue]int64{},
+	}
 }
 
 // Option installs the gate's filter hook. consumer.WithFilterMessageHook
@@ -101,10 +133,18 @@ func (g *Gate) Hook(fc *hooks.FilterMessageContext) ([]*primitive.MessageExt, er
 	}
 	if len(fc.Msg) > 0 && fc.MQ != nil {
 		b := batch{msgs: fc.Msg, last: -1}
+		first := fc.Msg[0].QueueOffset
 		for _, m := range fc.Msg {
 			b.last = max(b.last, m.QueueOffset)
+			first = min(first, m.QueueOffset)
 		}
 		g.pending[*fc.MQ] = b
+		// The queue is read again from below what was consumed (a queue
+		// given back after a rebalance): those outcomes no longer decide
+		// its offset, these messages' do.
+		if r, ok := g.returned[*fc.MQ]; ok && first <= r {
+			delete(g.returned, *fc.MQ)
+		}
 	}
 	return fc.Msg, nil
 }
@@ -114,7 +154,7 @@ func (g *Gate) Hook(fc *hooks.FilterMessageContext) ([]*primitive.MessageExt, er
 func (g *Gate) Wrap(f ConsumeFunc) ConsumeFunc {
 	return func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 		g.enter(msgs)
-		defer g.leave()
+		defer g.leave(msgs)
 		return f(ctx, msgs...)
 	}
 }
@@ -138,10 +178,22 @@ func (g *Gate) enter(msgs []*primitive.MessageExt) {
 	}
 }
 
-func (g *Gate) leave() {
+func (g *Gate) leave(msgs []*primitive.MessageExt) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.running--
-	g.mu.Unlock()
+	if len(msgs) == 0 || msgs[0].Queue == nil {
+		return
+	}
+	mq := *msgs[0].Queue
+	hi, ok := g.returned[mq]
+	if !ok {
+		hi = -1
+	}
+	for _, m := range msgs {
+		hi = max(hi, m.QueueOffset)
+	}
+	g.returned[mq] = hi
 }
 
 // Discarded returns how many messages of pull results the closed gate has
@@ -163,8 +215,9 @@ func (g *Gate) Shutdown(ctx context.Context, pc rocketmq.PushConsumer) error {
 }
 
 // Stop suspends pc, closes the gate and waits, bounded by ctx, until no
-// pull result is on its way into a queue, no callback runs and the queues
-// cache nothing. It does not shut pc down. On ctx's end it returns an error
+// pull result is on its way into a queue, no callback runs, the queues
+// cache nothing and their offsets cover every outcome; then it writes those
+// offsets to the brokers. It does not shut pc down. On ctx's end it returns an error
 // that wraps ctx.Err() and says what was still outstanding.
 func (g *Gate) Stop(ctx context.Context, pc rocketmq.PushConsumer) error {
 	// Suspend before closing the gate: a pull issued between the two would
@@ -177,9 +230,9 @@ func (g *Gate) Stop(ctx context.Context, pc rocketmq.PushConsumer) error {
 	t := time.NewTicker(pollEvery)
 	defer t.Stop()
 	for {
-		s := g.state(pc)
+		s, qs := g.state(pc)
 		if s.settled() {
-			return nil
+			return g.commit(ctx, qs)
 		}
 		select {
 		case <-ctx.Done():
@@ -189,23 +242,70 @@ func (g *Gate) Stop(ctx context.Context, pc rocketmq.PushConsumer) error {
 	}
 }
 
-// outstanding is what Stop still waits for.
-type outstanding struct {
-	batches, running, cached int
-	known                    bool // the client's queue table could be read
+// commit writes the offsets of the queues pc holds to their brokers and
+// waits for each broker's answer.
+func (g *Gate) commit(ctx context.Context, qs map[primitive.MessageQueue]queueInfo) error {
+	if len(g.nameServers) == 0 {
+		return nil
+	}
+	masters := map[string]map[string]string{} // topic -> broker name -> master address
+	for mq, q := range qs {
+		if q.dropped || q.committed < 0 {
+			continue
+		}
+		addrs, ok := masters[mq.Topic]
+		if !ok {
+			route, err := remoting.TopicRoute(ctx, g.nameServers, 0, mq.Topic)
+			if err != nil {
+				return fmt.Errorf("pushstop: commit offsets: %w", err)
+			}
+			addrs = make(map[string]string, len(route))
+			for _, b := range route {
+				addrs[b.Name] = b.Addr
+			}
+			masters[mq.Topic] = addrs
+		}
+		addr := addrs[mq.BrokerName]
+		if addr == "" {
+			return fmt.Errorf("pushstop: commit offsets: no master for broker %s of %s", mq.BrokerName, mq.Topic)
+		}
+		h, _, err := remoting.RoundTrip(ctx, addr, 0, reqUpdateConsumerOffset, map[string]string{
+			"consumerGroup": g.group,
+			"topic":         mq.Topic,
+			"queueId":       strconv.Itoa(mq.QueueId),
+			"commitOffset":  strconv.FormatInt(q.committed, 10),
+			"bname":         mq.BrokerName,
+		})
+		if err != nil {
+			return fmt.Errorf("pushstop: commit offsets: %w", err)
+		}
+		if h.Code != remoting.ResSuccess {
+			return fmt.Errorf("pushstop: commit offset of %s queue %d on %s: code %d: %s", mq.Topic, mq.QueueId, addr, h.Code, h.Remark)
+		}
+	}
+	return nil
 }
 
-func (o outstanding) settled() bool { return o.batches == 0 && o.running == 0 && o.cached == 0 }
+// outstanding is what Stop still waits for.
+type outstanding struct {
+	batches, running, cached, unrecorded int
+	known                                bool // the client's queue table could be read
+}
+
+func (o outstanding) settled() bool {
+	return o.batches == 0 && o.running == 0 && o.cached == 0 && o.unrecorded == 0
+}
 
 func (o outstanding) String() string {
-	s := fmt.Sprintf("%d pull results not yet handed over, %d callbacks running, %d messages cached", o.batches, o.running, o.cached)
+	s := fmt.Sprintf("%d pull results not yet handed over, %d callbacks running, %d messages cached, %d queues whose offset lags their consumed messages",
+		o.batches, o.running, o.cached, o.unrecorded)
 	if !o.known {
 		s += " (queue table unreadable)"
 	}
 	return s
 }
 
-func (g *Gate) state(pc rocketmq.PushConsumer) outstanding {
+func (g *Gate) state(pc rocketmq.PushConsumer) (outstanding, map[primitive.MessageQueue]queueInfo) {
 	g.mu.Lock()
 	running := g.running
 	g.mu.Unlock()
@@ -223,13 +323,24 @@ func (g *Gate) state(pc rocketmq.PushConsumer) outstanding {
 		}
 	}
 	o.batches = len(g.pending)
+	// Every outcome recorded: the queue's offset is past the highest
+	// message whose callback returned (or the queue is no longer held).
+	for mq, hi := range g.returned {
+		q, held := qs[mq]
+		if known && (!held || q.dropped || q.committed > hi) {
+			delete(g.returned, mq)
+		}
+	}
+	if known {
+		o.unrecorded = len(g.returned)
+	}
 	g.mu.Unlock()
 	for _, q := range qs {
 		if !q.dropped {
 			o.cached += q.cached
 		}
 	}
-	return o
+	return o, qs
 }
 
 type queueInfo struct {
@@ -287,3 +398,5 @@ func field(t reflect.Type, name string, k reflect.Kind) int {
 	}
 	return f.Index[0]
 }
+
+func (g *Gate) Running() int { g.mu.Lock(); defer g.mu.Unlock(); return g.running }

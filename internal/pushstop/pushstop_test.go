@@ -112,7 +112,7 @@ func stopWithin(g *Gate, pc rocketmq.PushConsumer, d time.Duration) error {
 }
 
 func TestHookPassesThroughUntilClosed(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	pc := &fakePC{g: g}
 	msgs := pulled(q0, 10, 11)
 	require.Equal(t, msgs, hook(t, g, q0, msgs), "an open gate changes nothing")
@@ -141,7 +141,7 @@ func TestHookPassesThroughUntilClosed(t *testing.T) {
 // A batch let through before the gate closed and not yet delivered holds
 // Stop until it is delivered.
 func TestStopWaitsForAnUndeliveredBatch(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	pc := &fakePC{g: g}
 	pc.set(q0, fakeQueueInfo{CommitOffset: 5, CachedMsgCount: 2})
 	msgs := hook(t, g, q0, pulled(q0, 5, 6))
@@ -164,7 +164,7 @@ func TestStopWaitsForAnUndeliveredBatch(t *testing.T) {
 
 // A callback in progress holds Stop until it returns.
 func TestStopWaitsForRunningCallbacks(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	pc := &fakePC{g: g}
 	release, entered := make(chan struct{}), make(chan struct{})
 	slow := g.Wrap(func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
@@ -184,7 +184,7 @@ func TestStopWaitsForRunningCallbacks(t *testing.T) {
 // Messages still cached (delivered but not yet acknowledged, or prefetched
 // and not yet handed back) hold Stop; a dropped queue's do not.
 func TestStopWaitsForTheCacheToEmpty(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	pc := &fakePC{g: g}
 	q1 := primitive.MessageQueue{Topic: "t", BrokerName: "b", QueueId: 1}
 	pc.set(q0, fakeQueueInfo{CachedMsgCount: 3})
@@ -205,7 +205,7 @@ func TestUndeliveredBatchSettledByTheQueueTable(t *testing.T) {
 		"offset committed":     {CommitOffset: 9},
 	} {
 		t.Run(name, func(t *testing.T) {
-			g := New()
+			g := New("", nil)
 			pc := &fakePC{g: g}
 			if q != nil {
 				pc.set(q0, *q)
@@ -216,7 +216,7 @@ func TestUndeliveredBatchSettledByTheQueueTable(t *testing.T) {
 		})
 	}
 	// The control: a committed offset at the batch's last message is no proof.
-	g := New()
+	g := New("", nil)
 	pc := &fakePC{g: g}
 	pc.set(q0, fakeQueueInfo{CommitOffset: 8})
 	hook(t, g, q0, pulled(q0, 7, 8))
@@ -226,7 +226,7 @@ func TestUndeliveredBatchSettledByTheQueueTable(t *testing.T) {
 // A newer batch for a queue replaces the older one: the queue's pull
 // goroutine put the older one before it pulled again.
 func TestNewerBatchReplacesOlder(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	hook(t, g, q0, pulled(q0, 1, 2))
 	newer := hook(t, g, q0, pulled(q0, 3, 4))
 	require.Len(t, g.pending, 1)
@@ -236,7 +236,7 @@ func TestNewerBatchReplacesOlder(t *testing.T) {
 
 // Without GetConsumerRunningInfo, deliveries are the only proof.
 func TestStopWithoutQueueTable(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	pc := withoutInfo{}
 	_, ok := queueTable(pc)
 	require.False(t, ok)
@@ -253,7 +253,7 @@ func TestStopWithoutQueueTable(t *testing.T) {
 
 // Shutdown shuts the consumer down even when Stop ran out of time, and says so.
 func TestShutdownAfterTimeout(t *testing.T) {
-	g := New()
+	g := New("", nil)
 	pc := &fakePC{g: g}
 	pc.set(q0, fakeQueueInfo{CachedMsgCount: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -274,4 +274,39 @@ func TestQueueTableOfTheRealClient(t *testing.T) {
 	qs, ok := queueTable(pc)
 	require.True(t, ok, "GetConsumerRunningInfo's shape changed: Stop would rely on deliveries alone")
 	require.Empty(t, qs)
+}
+
+// An empty cache is not enough: the client removes a message from its cache
+// before it moves the queue's offset. Stop waits for the offset too.
+func TestStopWaitsForTheOffsetToCoverOutcomes(t *testing.T) {
+	g := New("", nil)
+	pc := &fakePC{g: g}
+	msgs := hook(t, g, q0, pulled(q0, 4, 5))
+	deliver := g.Wrap(func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+		return consumer.ConsumeSuccess, nil
+	})
+	_, err := deliver(context.Background(), msgs...)
+	require.NoError(t, err)
+	pc.set(q0, fakeQueueInfo{CommitOffset: 5}) // removed from the cache, offset not yet moved past 5
+	err = stopWithin(g, pc, 50*time.Millisecond)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), "1 queues whose offset lags")
+	pc.set(q0, fakeQueueInfo{CommitOffset: 6})
+	require.NoError(t, stopWithin(g, pc, 10*time.Second))
+}
+
+// A queue read again from below what was consumed (given back after a
+// rebalance) is judged by the new reads, not the old outcomes.
+func TestRereadQueueForgetsOldOutcomes(t *testing.T) {
+	g := New("", nil)
+	deliver := g.Wrap(func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+		return consumer.ConsumeSuccess, nil
+	})
+	_, err := deliver(context.Background(), hook(t, g, q0, pulled(q0, 8, 9))...)
+	require.NoError(t, err)
+	require.EqualValues(t, 9, g.returned[q0])
+	hook(t, g, q0, pulled(q0, 10, 11))
+	require.EqualValues(t, 9, g.returned[q0], "reading on keeps the outcomes")
+	hook(t, g, q0, pulled(q0, 8, 9, 10))
+	require.NotContains(t, g.returned, q0)
 }

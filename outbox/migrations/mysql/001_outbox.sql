@@ -1,4 +1,4 @@
--- The outbox table (reference text §5). Times are UTC, DATETIME(6), written
+-- The outbox table. Times are UTC, DATETIME(6), written
 -- with UTC_TIMESTAMP(6) so the session time zone never matters.
 -- {{table}} is replaced by the validated, prefixed table name.
 CREATE TABLE IF NOT EXISTS {{table}} (

@@ -4,10 +4,10 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 PKGS ?= ./...
 
-.PHONY: help up down status logs demo test test-short test-race lint fuzz bench
+.PHONY: help up down status logs demo test test-upstream test-short test-race lint fuzz bench
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 up: ## install (if missing) and start MariaDB + RocketMQ on 127.0.0.1
 	@bash scripts/services.sh up
@@ -27,6 +27,9 @@ demo: ## the main job: start the services and run the end-to-end demo
 test: ## the whole suite on a fresh machine: installs, starts services, runs every test
 	@bash scripts/test.sh
 
+test-upstream: ## the user's build (upstream client, no replace) only, against running services (make up)
+	@RMQTX_VIEWS=upstream bash scripts/test.sh --go-only
+
 test-short: ## unit tests only, no services needed
 	$(GO) test -short -count=1 $(PKGS)
 
@@ -38,5 +41,5 @@ lint: ## gofmt, go vet and staticcheck
 fuzz: ## run every fuzz target briefly (FUZZTIME=30000x inputs each)
 	@bash scripts/fuzz.sh
 
-bench: ## raw client vs rmqtx, side by side, with ratios
+bench: ## raw client vs rmqtx, side by side, with ratios, on the upstream client (RMQTX_BENCH_CLIENT=patched)
 	@bash scripts/bench.sh

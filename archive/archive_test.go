@@ -3,7 +3,6 @@ package archive_test
 import (
 	"context"
 	"fmt"
-	"github.com/rmqtx/rmqtx/schema"
 	"sort"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/archive"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/schema"
 )
 
 // fixture is one row of the status matrix and whether archival may remove it.
@@ -36,7 +36,7 @@ func seed(t *testing.T, db *sqlx.DB, now time.Time) []fixture {
 	var fx []fixture
 	exec := func(q string, args ...any) {
 		t.Helper()
-		_, err := db.Exec(q, args...)
+		_, err := db.Exec(db.Rebind(q), args...)
 		require.NoError(t, err)
 	}
 	for _, ageName := range []string{"old", "young"} {
@@ -159,64 +159,67 @@ func TestArchiveNeverRemovesInFlightRows(t *testing.T) {
 	for _, move := range []bool{false, true} {
 		t.Run(fmt.Sprintf("move=%v", move), func(t *testing.T) {
 			t.Parallel()
-			db := testenv.DB(t)
-			migrateAll(t, db)
-			now := time.Now().UTC()
-			fx := seed(t, db, now)
-			before := keys(t, db)
-			ctx := context.Background()
-			a, err := archive.New(archive.Config{DB: db, Batch: 2, Move: move})
-			require.NoError(t, err)
-
-			plan, err := a.Plan(ctx)
-			require.NoError(t, err)
-			require.Equal(t, before, keys(t, db), "a dry run removes nothing")
-			eligible := map[string]int64{}
-			for _, r := range plan.Rules {
-				eligible[r.Table] += r.Eligible
-				require.Zero(t, r.Removed)
-			}
-			wantRemoved := want(fx, true)
-			for table, ks := range wantRemoved {
-				require.Equal(t, int64(len(ks)), eligible[table], "dry-run count for %s", table)
-			}
-
-			rep, err := a.Run(ctx)
-			require.NoError(t, err)
-			require.Equal(t, drop(want(fx, false)), drop(keys(t, db)), "exactly the in-flight, young and non-terminal rows remain")
-			var total int64
-			multi := false
-			for _, r := range rep.Rules {
-				multi = multi || r.Batches > 1
-				total += r.Removed
-				if r.Removed > 2 {
-					require.Greater(t, r.Batches, 1, "bounded batches for %s", r.Table)
-				}
-			}
-			n := 0
-			for _, ks := range wantRemoved {
-				n += len(ks)
-			}
-			require.Equal(t, int64(n), total)
-			require.True(t, multi, "some rule needed several batches")
-			t.Logf("move=%v: %d rows seeded, %d removed in batches of 2, %d kept", move, len(fx), total, len(fx)-n)
-			if move {
-				for table, ks := range wantRemoved {
-					var got []string
-					col := "event_id"
-					if table == "rmqtx_consume_log" {
-						col = "CONCAT(consumer_group, '/', event_id)"
-					}
-					require.NoError(t, db.Select(&got, "SELECT "+col+" FROM "+table+"_archive"))
-					sort.Strings(got)
-					require.Equal(t, ks, got, "archived copy of %s", table)
-				}
-			}
-			again, err := a.Run(ctx)
-			require.NoError(t, err)
-			require.Zero(t, again.Removed(), "idempotent")
+			testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) { testArchive(t, db, move) })
 		})
 	}
+}
+
+func testArchive(t *testing.T, db *sqlx.DB, move bool) {
+	migrateAll(t, db)
+	now := time.Now().UTC()
+	fx := seed(t, db, now)
+	before := keys(t, db)
+	ctx := context.Background()
+	a, err := archive.New(archive.Config{DB: db, Batch: 2, Move: move})
+	require.NoError(t, err)
+
+	plan, err := a.Plan(ctx)
+	require.NoError(t, err)
+	require.Equal(t, before, keys(t, db), "a dry run removes nothing")
+	eligible := map[string]int64{}
+	for _, r := range plan.Rules {
+		eligible[r.Table] += r.Eligible
+		require.Zero(t, r.Removed)
+	}
+	wantRemoved := want(fx, true)
+	for table, ks := range wantRemoved {
+		require.Equal(t, int64(len(ks)), eligible[table], "dry-run count for %s", table)
+	}
+
+	rep, err := a.Run(ctx)
+	require.NoError(t, err)
+	require.Equal(t, drop(want(fx, false)), drop(keys(t, db)), "exactly the in-flight, young and non-terminal rows remain")
+	var total int64
+	multi := false
+	for _, r := range rep.Rules {
+		multi = multi || r.Batches > 1
+		total += r.Removed
+		if r.Removed > 2 {
+			require.Greater(t, r.Batches, 1, "bounded batches for %s", r.Table)
+		}
+	}
+	n := 0
+	for _, ks := range wantRemoved {
+		n += len(ks)
+	}
+	require.Equal(t, int64(n), total)
+	require.True(t, multi, "some rule needed several batches")
+	t.Logf("move=%v: %d rows seeded, %d removed in batches of 2, %d kept", move, len(fx), total, len(fx)-n)
+	if move {
+		for table, ks := range wantRemoved {
+			var got []string
+			col := "event_id"
+			if table == "rmqtx_consume_log" {
+				col = "CONCAT(consumer_group, '/', event_id)"
+			}
+			require.NoError(t, db.Select(&got, "SELECT "+col+" FROM "+table+"_archive"))
+			sort.Strings(got)
+			require.Equal(t, ks, got, "archived copy of %s", table)
+		}
+	}
+	again, err := a.Run(ctx)
+	require.NoError(t, err)
+	require.Zero(t, again.Removed(), "idempotent")
 }
 
 func TestArchiveConfig(t *testing.T) {

@@ -7,9 +7,10 @@
 // test bed it shares with the fault suite (internal/testbed). TestMain
 // starts a PRIVATE MariaDB, name server and two master brokers, broker-a and
 // broker-b, through scripts/services.sh with RMQTX_BROKERS=2 (its own run
-// folder and ports 23307, 29876, 30911 and 31011, overridable with
-// RMQTX_CLUSTERSUITE_MYSQL_PORT, RMQTX_CLUSTERSUITE_NAMESRV_PORT and
-// RMQTX_CLUSTERSUITE_BROKER_PORT; broker-b listens 100 above broker-a), so
+// folder and ports 23307, 29876, 30911 and 31011, and 25433 for the
+// PostgreSQL the script starts too, overridable with
+// RMQTX_CLUSTERSUITE_MYSQL_PORT, _NAMESRV_PORT, _BROKER_PORT and _PG_PORT;
+// broker-b listens 100 above broker-a), so
 // killing a broker never disturbs the services other packages test against.
 // Both brokers have the test bed's short check settings (transactionTimeOut
 // 3 s, check interval 2 s, at most 5 checks); every topic gets 4 queues on

@@ -7,14 +7,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/errclass"
+
 	"github.com/rmqtx/rmqtx/outbox"
 )
 
 // ownClassified is a caller's own error type carrying a class name.
 type ownClassified struct{ name string }
 
-func (e ownClassified) Error() string      { return "own: " + e.name }
-func (e ownClassified) RetryClass() string { return e.name }
+func (e ownClassified) Error() string              { return "own: " + e.name }
+func (e ownClassified) ErrorClass() errclass.Class { return errclass.Class(e.name) }
 
 // A handler may return the outbox package's classified errors (a handler
 // that writes a command outbox row often shares helpers with a sink): they
@@ -37,7 +39,7 @@ func TestClassOfRecognisesOutboxErrors(t *testing.T) {
 		// the outermost classified error wins, whichever package made it
 		{Transient(outbox.Permanent(base)), ClassTransient, true},
 		{outbox.Permanent(Transient(base)), ClassPermanent, false},
-		// any error type with RetryClass() string joins the vocabulary
+		// any errclass.Classified error type joins the vocabulary
 		{ownClassified{"data"}, ClassData, false},
 		{fmt.Errorf("w: %w", ownClassified{"wait"}), ClassWait, true},
 		// a name outside the vocabulary is unclassified
@@ -50,7 +52,7 @@ func TestClassOfRecognisesOutboxErrors(t *testing.T) {
 	}
 	for _, c := range []Class{ClassTransient, ClassWait, ClassPermanent, ClassData, ClassConflict, ClassUnknown} {
 		e := &Error{Class: c, Err: base}
-		require.Equal(t, string(c), e.RetryClass())
+		require.Equal(t, c, e.ErrorClass())
 		require.Equal(t, c, ClassOf(e))
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/configtest"
 )
@@ -33,21 +32,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "bad-prefix;" }},
 		{"Adopt", func(c *Config) { c.Adopt = &Adoption{ID: IDFromProperty} }},
 		{"NameServers", func(c *Config) { c.NameServers = nil }},
-		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
+		{"Topic", func(c *Config) { c.Topic = "a b" }},
 		{"Topic", func(c *Config) { c.Topic = "" }},
 		{"BatchSize", func(c *Config) { c.BatchSize = 2000 }},
 	})
-}
-
-// The deprecated NameServer still works alone.
-func TestDeprecatedNameServerIsMerged(t *testing.T) {
-	t.Parallel()
-	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
-	ns := []string{"127.0.0.1:9876"}
-	c, err := New(Config{
-		ProcessorConfig: ProcessorConfig{Group: "g", DB: sqlx.NewDb(nil, "mysql"), Routes: map[string]Route{"T": {Handler: h}}},
-		NameServer:      ns, Topic: "t",
-	})
-	require.NoError(t, err)
-	require.Equal(t, ns, c.Config().NameServers)
 }

@@ -1,13 +1,12 @@
 package consumer
 
 import (
-	"os"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -30,11 +29,6 @@ type Config struct {
 	// NameServers lists the name server addresses (host:port). Required;
 	// the client's default HTTP resolver is never used.
 	NameServers []string
-	// NameServer is the old spelling of NameServers; WithDefaults copies it
-	// into an empty NameServers, and New rejects the two set differently.
-	//
-	// Deprecated: use NameServers.
-	NameServer []string
 	// InstanceName identifies this client in the process. Default
 	// "rmqtx-consumer-<group>-<pid>-<random>", unique per Consumer: clients
 	// are shared per instance name, and a shared client would mix groups.
@@ -74,9 +68,6 @@ type Config struct {
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	c.ProcessorConfig = c.ProcessorConfig.WithDefaults()
-	if len(c.NameServers) == 0 {
-		c.NameServers = c.NameServer
-	}
 	if c.InstanceName == "" {
 		b := make([]byte, 4)
 		_, _ = rand.Read(b)
@@ -101,14 +92,14 @@ func (c Config) validate() error {
 	if err := c.ProcessorConfig.validate(); err != nil {
 		return err
 	}
-	if len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers) {
-		return fmt.Errorf("%w: NameServer (deprecated) and NameServers are both set and differ; set NameServers only", ErrConfig)
-	}
-	if len(c.NameServers) == 0 {
-		return fmt.Errorf("%w: NameServers is required", ErrConfig)
+	if err := rmqname.NameServers(c.NameServers); err != nil {
+		return fmt.Errorf("%w: NameServers %w", ErrConfig, err)
 	}
 	if c.Topic == "" {
 		return fmt.Errorf("%w: Topic is required", ErrConfig)
+	}
+	if err := rmqname.Topic(c.Topic); err != nil {
+		return fmt.Errorf("%w: Topic %w", ErrConfig, err)
 	}
 	if c.BatchSize > 1024 {
 		return fmt.Errorf("%w: BatchSize %d is more than 1024", ErrConfig, c.BatchSize)
@@ -264,15 +255,7 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	pc, gate, prod := c.pc, c.gate, c.prod
 	c.mu.Unlock()
 
-	var werr error
-	if os.Getenv("ZZ_OLD_SHUTDOWN") != "" {
-		pc.Suspend()
-		for gate.Running() > 0 && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
-		}
-	} else {
-		werr = gate.Stop(ctx, pc)
-	}
+	werr := gate.Stop(ctx, pc)
 	err := pc.Shutdown()
 	if prod != nil {
 		if perr := prod.Shutdown(); err == nil {

@@ -158,7 +158,7 @@ type DeadLetterStore struct {
 // support is an error wrapping ErrConfig.
 func NewDeadLetterStore(db *sqlx.DB, prefix string) (*DeadLetterStore, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: nil DB", ErrConfig)
+		return nil, fmt.Errorf("%w: DB is required", ErrConfig)
 	}
 	d, err := dialect.For(db)
 	if err != nil {

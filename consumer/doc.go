@@ -23,7 +23,7 @@
 // classified: Transient and unknown errors are retried with RocketMQ delay
 // levels up to MaxRetries, Wait errors up to MaxWaits, Permanent and BadData
 // errors are parked at once. ClassOf also reads the outbox package's
-// classified errors (and any error with a RetryClass() string method), so a
+// classified errors (and any errclass.Classified error), so a
 // handler returning outbox.Permanent(err) is parked, not retried; outbox
 // reads this package's classes the same way. Failed attempts are counted in
 // their own short transaction (the consume_attempt table), so the bound

@@ -3,32 +3,35 @@ package consumer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/rmqtx/rmqtx/errclass"
 )
 
-// Class is how a failed attempt is handled. It is stored in the dead-letter
-// table and used as a metrics label, so the set is small and fixed.
-type Class string
+// Class is how a failed attempt is handled: the one vocabulary rmqtx's
+// consumer, outbox and replay share (package errclass). It is stored in the
+// dead-letter table and used as a metrics label.
+type Class = errclass.Class
 
 // The error classes (invariant I7 in the README's "Design and invariants"
-// section).
+// section), as the consumer handles them.
 const (
 	// ClassTransient: infrastructure trouble (DB, network, timeouts). Retried
 	// with RocketMQ delay levels up to MaxRetries, then parked.
-	ClassTransient Class = "transient"
+	ClassTransient = errclass.Transient
 	// ClassWait: a business condition is not met yet (including a strict
 	// version gap). Retried with a delay up to MaxWaits, then parked.
-	ClassWait Class = "wait"
+	ClassWait = errclass.Wait
 	// ClassPermanent: the business rejects the event for good. Parked at once.
-	ClassPermanent Class = "permanent"
+	ClassPermanent = errclass.Permanent
 	// ClassData: the message itself is unusable (malformed envelope, payload
 	// that cannot be decoded, unknown event type, hash mismatch). Parked at once.
-	ClassData Class = "data"
+	ClassData = errclass.Data
 	// ClassConflict: same event id as an applied event but a different
 	// payload hash (I5). Parked with both hashes; never applied.
-	ClassConflict Class = "conflict"
+	ClassConflict = errclass.Conflict
 	// ClassUnknown: an error nobody classified. Handled like ClassTransient
 	// (retried up to MaxRetries, then parked) but labelled apart so it shows.
-	ClassUnknown Class = "unknown"
+	ClassUnknown = errclass.Unknown
 )
 
 // Sentinel errors. Every error this package returns wraps one of them or an
@@ -76,29 +79,10 @@ func (e *Error) Error() string {
 // Unwrap returns the underlying error.
 func (e *Error) Unwrap() error { return e.Err }
 
-// RetryClass returns the class name ("transient", "wait", "permanent",
-// "data", "conflict", "unknown"). It is the one method of the class
-// vocabulary that the consumer and outbox packages share without importing
-// each other: each package's ClassOf recognises any error in the chain that
-// has it, so a handler may return outbox.Permanent(err) (or an error type of
-// its own with this method) and be parked, not retried.
-func (e *Error) RetryClass() string { return string(e.Class) }
-
-// retryClasser is an error classified by this package, by the outbox
-// package (*outbox.SendError) or by the caller's own type.
-type retryClasser interface{ RetryClass() string }
-
-// classFromName maps a RetryClass name onto a Class. The outbox package's
-// names are a subset of this package's ("transient", "unknown",
-// "permanent"), so they map one to one; ok is false for a name outside the
-// vocabulary.
-func classFromName(name string) (c Class, ok bool) {
-	switch c := Class(name); c {
-	case ClassTransient, ClassWait, ClassPermanent, ClassData, ClassConflict, ClassUnknown:
-		return c, true
-	}
-	return "", false
-}
+// ErrorClass returns the error's class (errclass.Classified): the outbox
+// package reads it too, so a handler's consumer.Permanent(err) is as final
+// for an outbox send as outbox.Permanent(err) is for a handler.
+func (e *Error) ErrorClass() errclass.Class { return e.Class }
 
 func classify(c Class, err error) error {
 	if err == nil {
@@ -122,19 +106,15 @@ func Permanent(err error) error { return classify(ClassPermanent, err) }
 func BadData(err error) error { return classify(ClassData, err) }
 
 // ClassOf returns the class of err: that of the outermost classified error
-// in its chain (an *Error, an *outbox.SendError, or any error with a
-// RetryClass() string method), else the class of the package's sentinels,
-// else ClassUnknown. A RetryClass name outside the vocabulary counts as
-// unclassified. It returns "" for nil.
+// in its chain (errclass.Of: an *Error, an *outbox.SendError, or any
+// errclass.Classified), else the class of the package's sentinels, else
+// ClassUnknown. It returns "" for nil.
 func ClassOf(err error) Class {
 	if err == nil {
 		return ""
 	}
-	var rc retryClasser
-	if errors.As(err, &rc) {
-		if c, ok := classFromName(rc.RetryClass()); ok {
-			return c
-		}
+	if c, ok := errclass.Of(err); ok {
+		return c
 	}
 	switch {
 	case errors.Is(err, ErrConflict):
@@ -153,7 +133,3 @@ func IsRetryable(err error) bool {
 	return ClassOf(err).Retryable()
 }
 
-// Retryable reports whether the class is retried before it is parked.
-func (c Class) Retryable() bool {
-	return c == ClassTransient || c == ClassWait || c == ClassUnknown
-}

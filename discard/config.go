@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"strings"
 	"time"
 
@@ -135,9 +136,10 @@ func (c Config) WithDefaults() Config {
 var ErrConfig = errors.New("discard: invalid config")
 
 func (c Config) validate() error {
+	if err := rmqname.NameServers(c.NameServers); err != nil {
+		return fmt.Errorf("%w: NameServers %w", ErrConfig, err)
+	}
 	switch {
-	case len(c.NameServers) == 0:
-		return fmt.Errorf("%w: NameServers is required", ErrConfig)
 	case c.Group == "":
 		return fmt.Errorf("%w: Group is required", ErrConfig)
 	case c.Log == nil:

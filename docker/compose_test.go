@@ -122,7 +122,7 @@ func TestComposeClusterProfile(t *testing.T) {
 	conf := props(read(t, "../scripts/rocketmq/broker.conf"))
 
 	for name, s := range c.Services {
-		if name != "broker-b" {
+		if name != "broker-b" && name != "postgres" {
 			require.Empty(t, s.Profiles, "%s runs in the default (single-broker) profile", name)
 		}
 	}
@@ -155,4 +155,31 @@ func TestComposeClusterProfile(t *testing.T) {
 	heap := regexp.MustCompile(`\[\[ \$BROKERS == 2 \]\] && echo (\d+[mg])`).FindStringSubmatch(script)
 	require.NotNil(t, heap, "services.sh sets a cluster heap")
 	require.Contains(t, b.Environment["JAVA_OPT_EXT"], "-Xms"+heap[1]+" -Xmx"+heap[1])
+}
+
+// The "postgres" profile's server is the one `scripts/services.sh up`
+// starts: the script's port on loopback only, its user, password and
+// database, the byte-order locale and the same durability settings, and the
+// PostgreSQL major version of the test bed's Debian packages (15).
+func TestComposePostgresProfile(t *testing.T) {
+	var c compose
+	require.NoError(t, yaml.Unmarshal([]byte(read(t, "compose.yaml")), &c))
+	script := read(t, "../scripts/services.sh")
+	pg, ok := c.Services["postgres"]
+	require.True(t, ok, "service postgres missing")
+	require.Equal(t, []string{"postgres"}, pg.Profiles)
+	require.Equal(t, "host", pg.NetworkMode)
+	require.Equal(t, "postgres:15", pg.Image)
+	cmd := strings.Join(pg.Command, " ")
+	require.Contains(t, cmd, "listen_addresses=127.0.0.1")
+	require.Contains(t, cmd, "-p "+scriptDefault(t, script, "PG_PORT"))
+	for _, setting := range []string{"fsync=off", "full_page_writes=off", "synchronous_commit=on", "max_connections=400"} {
+		require.Contains(t, cmd, setting)
+		require.Contains(t, script, "-c "+setting, "services.sh starts its server with %s too", setting)
+	}
+	require.Equal(t, scriptDefault(t, script, "PG_USER"), pg.Environment["POSTGRES_USER"])
+	require.Equal(t, scriptDefault(t, script, "PG_PASSWORD"), pg.Environment["POSTGRES_PASSWORD"])
+	require.Equal(t, scriptDefault(t, script, "PG_DATABASE"), pg.Environment["POSTGRES_DB"])
+	require.Contains(t, pg.Environment["POSTGRES_INITDB_ARGS"], "--locale=C")
+	require.Contains(t, script, "--locale=C", "services.sh initialises with the same locale")
 }

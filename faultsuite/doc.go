@@ -6,8 +6,9 @@
 // them), on the test bed it shares with the cluster suite (internal/testbed).
 // TestMain starts a PRIVATE MariaDB, name server and broker through
 // scripts/services.sh (its own run folder and ports 13307, 19876 and 20911,
-// overridable with RMQTX_FAULTSUITE_MYSQL_PORT, RMQTX_FAULTSUITE_NAMESRV_PORT
-// and RMQTX_FAULTSUITE_BROKER_PORT), points internal/testenv at them, and
+// and 15433 for the PostgreSQL the script starts too, overridable with
+// RMQTX_FAULTSUITE_MYSQL_PORT, _NAMESRV_PORT, _BROKER_PORT and _PG_PORT),
+// points internal/testenv at them, and
 // stops them at the end, so the restarts never disturb the services other
 // packages test against at the same time. A detached reaper stops them too if
 // the test binary dies first (a -timeout panic).

@@ -23,13 +23,13 @@ var (
 	childWatchdog = 90 * time.Second
 )
 
-// suite is the fault suite's test bed: a private MariaDB, name server and
-// broker (ports 13307, 19876 and 20911, overridable with
-// RMQTX_FAULTSUITE_MYSQL_PORT, _NAMESRV_PORT and _BROKER_PORT; the broker
-// uses 20909 and 20912 too).
+// suite is the fault suite's test bed: a private MariaDB, PostgreSQL, name
+// server and broker (ports 13307, 15433, 19876 and 20911, overridable with
+// RMQTX_FAULTSUITE_MYSQL_PORT, _PG_PORT, _NAMESRV_PORT and _BROKER_PORT; the
+// broker uses 20909 and 20912 too).
 var suite = testbed.NewSuite(testbed.SuiteConfig{
 	Name: "faultsuite", EnvPrefix: "RMQTX_FAULTSUITE",
-	MySQLPort: 13307, NamesrvPort: 19876, BrokerPort: 20911, Brokers: 1,
+	MySQLPort: 13307, PGPort: 15433, NamesrvPort: 19876, BrokerPort: 20911, Brokers: 1,
 	DBConns: 64, ErrorPause: time.Second,
 	Title: func(*testbed.Suite) string {
 		mode := "CI"

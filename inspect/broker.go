@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,12 +68,6 @@ type RemotingLookup struct {
 	NameServers []string      // name server addresses (host:port)
 	Brokers     []string      // optional: broker addresses; skips the route lookup
 	Timeout     time.Duration // per request; default 5s
-
-	// NameServer is the old spelling of NameServers, used when NameServers
-	// is empty; set differently from NameServers it is an ErrConfig.
-	//
-	// Deprecated: use NameServers.
-	NameServer []string
 }
 
 // ErrTopicNotFound is returned when the name server knows no route for a topic.
@@ -200,13 +194,10 @@ func (l RemotingLookup) brokers(ctx context.Context, topic string) ([]string, er
 	return union(masters, route), nil
 }
 
-// nameServers merges NameServers and its deprecated spelling NameServer.
+// nameServers returns NameServers, checked.
 func (l RemotingLookup) nameServers() ([]string, error) {
-	switch {
-	case len(l.NameServers) == 0:
-		return l.NameServer, nil
-	case len(l.NameServer) > 0 && !slices.Equal(l.NameServer, l.NameServers):
-		return nil, fmt.Errorf("%w: RemotingLookup.NameServer (deprecated) and RemotingLookup.NameServers are both set and differ; set NameServers only", ErrConfig)
+	if err := rmqname.NameServers(l.NameServers); err != nil {
+		return nil, fmt.Errorf("%w: RemotingLookup.NameServers %w", ErrConfig, err)
 	}
 	return l.NameServers, nil
 }

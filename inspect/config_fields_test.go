@@ -20,21 +20,17 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	})
 }
 
-// RemotingLookup takes the deprecated NameServer when NameServers is empty
-// and refuses the two set differently, naming both.
+// RemotingLookup refuses missing or malformed name servers, naming the
+// field, before it sends anything.
 func TestRemotingLookupNameServers(t *testing.T) {
 	t.Parallel()
 	ns := []string{"127.0.0.1:9876"}
-	got, err := RemotingLookup{NameServer: ns}.nameServers()
+	got, err := RemotingLookup{NameServers: ns}.nameServers()
 	require.NoError(t, err)
 	require.Equal(t, ns, got)
-	got, err = RemotingLookup{NameServers: ns, NameServer: []string{"127.0.0.1:9876"}}.nameServers()
-	require.NoError(t, err)
-	require.Equal(t, ns, got)
-	_, err = RemotingLookup{NameServers: ns, NameServer: []string{"127.0.0.1:9877"}}.nameServers()
-	require.ErrorIs(t, err, ErrConfig)
-	require.ErrorContains(t, err, "NameServers")
-	require.ErrorContains(t, err, "NameServer ")
-	_, err = RemotingLookup{NameServers: ns, NameServer: []string{"127.0.0.1:9877"}}.QueryByKey(t.Context(), "T", "k", 1)
-	require.ErrorIs(t, err, ErrConfig)
+	for _, bad := range [][]string{nil, {"127.0.0.1"}} {
+		_, err = RemotingLookup{NameServers: bad}.QueryByKey(t.Context(), "T", "k", 1)
+		require.ErrorIs(t, err, ErrConfig)
+		require.ErrorContains(t, err, "NameServers")
+	}
 }

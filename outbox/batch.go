@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"hash/fnv"
 	"sync"
 	"sync/atomic"
@@ -62,7 +63,7 @@ func (s *RocketMQSink) Batches(msgs []*Message) [][]*Message {
 		out    [][]*Message
 	)
 	for _, m := range msgs {
-		if !topicRE.MatchString(m.Destination) || m.Envelope().Validate() != nil ||
+		if !rmqname.ValidTopic(m.Destination) || m.Envelope().Validate() != nil ||
 			len(m.Payload)+batchOverhead > s.maxBatchBytes/2 {
 			out = append(out, []*Message{m})
 			continue

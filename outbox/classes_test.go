@@ -8,14 +8,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/errclass"
+
 	"github.com/rmqtx/rmqtx/consumer"
 )
 
 // ownClassified is a caller's own error type carrying a class name.
 type ownClassified struct{ name string }
 
-func (e ownClassified) Error() string      { return "own: " + e.name }
-func (e ownClassified) RetryClass() string { return e.name }
+func (e ownClassified) Error() string              { return "own: " + e.name }
+func (e ownClassified) ErrorClass() errclass.Class { return errclass.Class(e.name) }
 
 // A FuncSink may call code that classifies with the consumer package's
 // vocabulary: those errors keep their meaning for a send.
@@ -37,7 +39,7 @@ func TestClassOfRecognisesConsumerErrors(t *testing.T) {
 		// the outermost classified error wins, whichever package made it
 		{consumer.Transient(Permanent(base)), ClassTransient, "transient"},
 		{NewSendError(ClassPermanent, "no_permission", consumer.Transient(base)), ClassPermanent, "no_permission"},
-		// any error type with RetryClass() string joins the vocabulary
+		// any errclass.Classified error type joins the vocabulary
 		{ownClassified{"permanent"}, ClassPermanent, "permanent"},
 		// a name outside the vocabulary is unclassified
 		{ownClassified{"bogus"}, ClassTransient, "transient"},
@@ -51,7 +53,7 @@ func TestClassOfRecognisesConsumerErrors(t *testing.T) {
 	require.True(t, IsRetryable(consumer.Wait(base)))
 	for _, c := range []Class{ClassTransient, ClassUnknown, ClassPermanent} {
 		e := &SendError{Class: c, Code: "x", Err: base}
-		require.Equal(t, c.String(), e.RetryClass())
+		require.Equal(t, c, e.ErrorClass())
 		require.Equal(t, c, ClassOf(e))
 	}
 }

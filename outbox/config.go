@@ -169,22 +169,22 @@ var nonName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
 func (c Config) validate() error {
 	if c.DB == nil {
-		return fmt.Errorf("%w: Config.DB is required", ErrInvalidConfig)
+		return fmt.Errorf("%w: DB is required", ErrConfig)
 	}
 	if c.Sink == nil {
-		return fmt.Errorf("%w: Config.Sink is required", ErrInvalidConfig)
+		return fmt.Errorf("%w: Sink is required", ErrConfig)
 	}
 	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
-		return fmt.Errorf("%w: Config.TablePrefix: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: TablePrefix: %w", ErrConfig, err)
 	}
 	if !nameRE.MatchString(c.Name) {
-		return fmt.Errorf("%w: Config.Name %q: want 1-64 of [A-Za-z0-9._-]", ErrInvalidConfig, c.Name)
+		return fmt.Errorf("%w: Name %q: want 1-64 of [A-Za-z0-9._-]", ErrConfig, c.Name)
 	}
 	if c.BackoffMax < c.BackoffBase {
-		return fmt.Errorf("%w: Config.BackoffMax %s is below Config.BackoffBase %s", ErrInvalidConfig, c.BackoffMax, c.BackoffBase)
+		return fmt.Errorf("%w: BackoffMax %s is below BackoffBase %s", ErrConfig, c.BackoffMax, c.BackoffBase)
 	}
 	if c.SendTimeout >= c.LeaseDuration {
-		return fmt.Errorf("%w: Config.SendTimeout %s must be below Config.LeaseDuration %s", ErrInvalidConfig, c.SendTimeout, c.LeaseDuration)
+		return fmt.Errorf("%w: SendTimeout %s must be below LeaseDuration %s", ErrConfig, c.SendTimeout, c.LeaseDuration)
 	}
 	return nil
 }

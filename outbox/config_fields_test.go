@@ -16,7 +16,7 @@ import (
 // that field, so an operator knows what to fix without reading the source.
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
-	require.Same(t, ErrInvalidConfig, ErrConfig, "ErrConfig is ErrInvalidConfig under the common name")
+	require.Same(t, ErrConfig, ErrConfig, "ErrConfig is ErrConfig under the common name")
 	ok := Config{DB: sqlx.NewDb(nil, "mysql"), Sink: nopSink{}}
 	configtest.FieldErrors(t, "outbox: ", ErrConfig, ok, func(c Config) error { _, err := NewDispatcher(c); return err }, []configtest.Case[Config]{
 		{"DB", func(c *Config) { c.DB = nil }},

@@ -21,14 +21,18 @@ import (
 // Dispatcher claims due outbox rows and sends them through a Sink. Any
 // number of dispatchers, in one process or many, can serve one table.
 //
-// Inside, one goroutine claims, Config.Concurrency goroutines send, and one
-// goroutine writes SENT outcomes. When the Sink is a BatchSink, each claim's
-// rows are grouped by it and a sender sends one group per request. The claimer keeps a small buffer of
-// claimed rows ahead of the senders, so a claim takes many rows at once and
-// its round trips overlap the sends; the buffer is bounded so that a
-// buffered row's send starts well inside its lease, and a row that waited
-// too long anyway is handed back unsent. Successful sends are marked SENT in
-// batches, one UPDATE per owner token.
+// Inside, one goroutine claims and Config.Concurrency goroutines send. The
+// claimer keeps a small buffer of claimed rows ahead of the senders, so a
+// claim takes many rows at once and its round trips overlap the sends; the
+// buffer is bounded so that a buffered row's send starts well inside its
+// lease, and a row that waited too long anyway is handed back unsent.
+//
+// When the Sink is a BatchSink, each claim's rows are grouped by it, a
+// sender sends one group per request, and the claim is held (held.go): its
+// transaction keeps the rows locked while they are sent, and their outcomes
+// are written in it, one write per row. Otherwise a claim writes its rows
+// SENDING with an owner token and a lease, and one goroutine writes the
+// SENT outcomes in batches, one UPDATE per owner token.
 type Dispatcher struct {
 	cfg   Config
 	dl    dialect.Dialect // of cfg.DB, chosen at NewDispatcher
@@ -46,6 +50,8 @@ type Dispatcher struct {
 	aheadMax int               // most rows claimed beyond Concurrency
 	minClaim int               // fewest rows worth a claim while every sender is busy
 	sendEst  atomic.Int64      // estimated duration of one send (ns); 0 until measured
+	// heldClaims counts the held claims not yet committed (batch sinks).
+	heldClaims atomic.Int64
 	rescan   atomic.Bool       // an aggregate's next version may be claimable: scan PENDING from the start
 
 	markMu     sync.Mutex
@@ -112,7 +118,7 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 	}
 	dl, err := dialect.For(cfg.DB)
 	if err != nil {
-		return nil, fmt.Errorf("%w: Config.DB: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: DB: %w", ErrConfig, err)
 	}
 	d := &Dispatcher{
 		cfg:        cfg,
@@ -232,11 +238,11 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 	}
 	d.background.Wait()
 	// Nothing is claimed any more: hand back what no sender has taken.
-	var left []claimedRow
+	var left [][]claimedRow
 	for drained := false; !drained; {
 		select {
 		case u := <-d.rowsCh:
-			left = append(left, u...)
+			left = append(left, u)
 		default:
 			drained = true
 		}
@@ -333,11 +339,23 @@ func (d *Dispatcher) loop(ctx context.Context) {
 				}
 			}
 			if len(res.rows) > 0 {
-				d.markMu.Lock()
-				d.groups[res.rows[0].token] = &markGroup{left: len(res.rows)}
-				d.markMu.Unlock()
+				var units [][]claimedRow
+				if res.hold != nil {
+					h := &heldClaim{tx: res.hold}
+					for i := range res.rows {
+						res.rows[i].hold = h
+					}
+					units = d.units(res.rows)
+					h.left = len(units)
+					d.heldClaims.Add(1)
+				} else {
+					d.markMu.Lock()
+					d.groups[res.rows[0].token] = &markGroup{left: len(res.rows)}
+					d.markMu.Unlock()
+					units = d.units(res.rows)
+				}
 				d.held.Add(int64(len(res.rows)))
-				for _, u := range d.units(res.rows) {
+				for _, u := range units {
 					d.rowsCh <- u // never blocks: held rows fit the channel
 				}
 			}
@@ -360,6 +378,9 @@ func (d *Dispatcher) loop(ctx context.Context) {
 // wait: at most Concurrency plus the claim-ahead allowance may be held, and
 // while every sender is busy a claim waits until it can take minClaim rows.
 func (d *Dispatcher) room() int {
+	if d.heldClaims.Load() >= maxHeldClaims {
+		return 0 // a finishing claim frees a sender, which wakes the loop
+	}
 	held := int(d.held.Load())
 	c := d.cfg.Concurrency
 	free := c + d.ahead() - held
@@ -407,14 +428,21 @@ func (d *Dispatcher) observeSend(took time.Duration) {
 func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from any) (claimResult, error) {
 	start := time.Now()
 	token := d.cfg.Name + "." + randomSuffix()
-	res, err := d.q.claimWith(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, steps, from)
+	var res claimResult
+	var err error
+	if d.batch != nil {
+		res, err = d.q.claimHeld(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, d.cfg.LeaseDuration, steps, from)
+	} else {
+		res, err = d.q.claimWith(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, steps, from)
+	}
 	if d.cfg.Metrics != nil {
 		d.cfg.Metrics.OutboxClaimLatency.Observe(time.Since(start).Seconds())
 	}
 	if err != nil || len(res.rows) == 0 {
 		return res, err
 	}
-	// The rows are SENDING with our token and nothing is sent yet.
+	// The rows are SENDING with our token (or locked by our open
+	// transaction, held) and nothing is sent yet.
 	failpoint.Inject(failpoint.AfterClaim)
 	d.stats.claimed.Add(int64(len(res.rows)))
 	for _, r := range res.rows {
@@ -488,13 +516,7 @@ func (d *Dispatcher) worker(sendCtx context.Context) {
 		case <-d.stopWorkers:
 			return
 		case u := <-d.rowsCh:
-			if len(u) == 1 {
-				d.finishRow(u[0].token, d.handle(sendCtx, u[0]))
-			} else {
-				for i, s := range d.handleBatch(sendCtx, u) {
-					d.finishRow(u[i].token, s)
-				}
-			}
+			d.sendUnit(sendCtx, u)
 			d.held.Add(-int64(len(u)))
 			select {
 			case d.freed <- struct{}{}:
@@ -504,68 +526,60 @@ func (d *Dispatcher) worker(sendCtx context.Context) {
 	}
 }
 
-// handle sends one claimed row and records the outcome, except a success:
-// that it returns, for the marker to write SENT in a batch.
-func (d *Dispatcher) handle(sendCtx context.Context, r claimedRow) *sentRow {
-	msg := &Message{Event: r.event(), Attempt: r.RetryCount + 1}
-	out := Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msg.Attempt, TookOver: r.tookOver}
-	log := d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msg.Attempt})
-	if d.waitedTooLong(r) {
-		log.Info("outbox: a claimed row waited too long for a sender; handed back unsent")
-		d.releaseOne(r, out, log)
-		return nil
+// sendUnit sends one unit of a claim (a row alone, or one group of the
+// BatchSink, all of one claim) in one request and settles each row's own
+// outcome: in the held claim's transaction (settleHeld), or row by row with
+// the successes left to the marker, which writes SENT in a batch.
+func (d *Dispatcher) sendUnit(sendCtx context.Context, u []claimedRow) {
+	msgs := make([]*Message, len(u))
+	outs := make([]Outcome, len(u))
+	logs := make([]logrus.FieldLogger, len(u))
+	for i, r := range u {
+		msgs[i] = &Message{Event: r.event(), Attempt: r.RetryCount + 1}
+		outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msgs[i].Attempt, TookOver: r.tookOver}
+		logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msgs[i].Attempt})
 	}
-	start := time.Now()
-	ctx, sp := d.startDispatch(sendCtx, r, msg)
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
-	err := d.safeSend(ctx, msg)
-	cancel()
-	endDispatch(sp, err)
-	if sendCtx.Err() == nil {
-		d.observeSend(time.Since(start))
+	var errs []error // nil: not sent
+	if d.waitedTooLong(u[0]) { // one claim: claimed at the same instant
+		logs[0].WithField("rows", len(u)).Info("outbox: claimed rows waited too long for a sender; handed back unsent")
+	} else {
+		start := time.Now()
+		if len(u) == 1 {
+			ctx, sp := d.startDispatch(sendCtx, u[0], msgs[0])
+			ctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
+			err := d.safeSend(ctx, msgs[0])
+			cancel()
+			endDispatch(sp, err)
+			errs = []error{err}
+		} else {
+			spans := d.startDispatchBatch(sendCtx, u, msgs)
+			ctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
+			errs = d.safeSendBatch(ctx, msgs)
+			cancel()
+			endDispatchBatch(spans, errs)
+		}
+		if sendCtx.Err() == nil {
+			d.observeSend(time.Since(start))
+		}
 	}
-	return d.settle(sendCtx, r, out, err, log)
+	if u[0].hold != nil {
+		d.settleHeld(sendCtx, u, outs, errs, logs)
+		return
+	}
+	for i, r := range u {
+		if errs == nil {
+			d.releaseOne(r, outs[i], logs[i])
+			d.finishRow(r.token, nil)
+			continue
+		}
+		d.finishRow(r.token, d.settle(sendCtx, r, outs[i], errs[i], logs[i]))
+	}
 }
 
 // waitedTooLong: the row waited so long for a sender that its lease could
 // end before the send does; it is handed back unsent instead.
 func (d *Dispatcher) waitedTooLong(r claimedRow) bool {
 	return d.maxWait > 0 && time.Since(r.claimedAt) > d.maxWait
-}
-
-// handleBatch sends rows (one group of the BatchSink, all of one claim) in
-// one request and settles each row's own outcome; it returns the successes
-// by index, for the marker.
-func (d *Dispatcher) handleBatch(sendCtx context.Context, rows []claimedRow) []*sentRow {
-	res := make([]*sentRow, len(rows))
-	msgs := make([]*Message, len(rows))
-	outs := make([]Outcome, len(rows))
-	logs := make([]logrus.FieldLogger, len(rows))
-	for i, r := range rows {
-		msgs[i] = &Message{Event: r.event(), Attempt: r.RetryCount + 1}
-		outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msgs[i].Attempt, TookOver: r.tookOver}
-		logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msgs[i].Attempt})
-	}
-	if d.waitedTooLong(rows[0]) { // one claim: claimed at the same instant
-		logs[0].WithField("rows", len(rows)).Info("outbox: claimed rows waited too long for a sender; handed back unsent")
-		for i, r := range rows {
-			d.releaseOne(r, outs[i], logs[i])
-		}
-		return res
-	}
-	start := time.Now()
-	spans := d.startDispatchBatch(sendCtx, rows, msgs)
-	ctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
-	errs := d.safeSendBatch(ctx, msgs)
-	cancel()
-	endDispatchBatch(spans, errs)
-	if sendCtx.Err() == nil {
-		d.observeSend(time.Since(start))
-	}
-	for i, r := range rows {
-		res[i] = d.settle(sendCtx, r, outs[i], errs[i], logs[i])
-	}
-	return res
 }
 
 func (d *Dispatcher) safeSendBatch(ctx context.Context, msgs []*Message) (errs []error) {
@@ -674,7 +688,7 @@ func (d *Dispatcher) record(out Outcome, landed bool, merr error, log logrus.Fie
 	switch {
 	case merr != nil:
 		d.stats.markErrors.Add(1)
-		log.WithError(merr).Warn("outbox: could not record the outcome; the row is resent after its lease expires")
+		log.WithError(merr).Warn("outbox: could not record the outcome; the row is sent again (after its lease, if it has one)")
 	case !landed:
 		d.stats.lostLeases.Add(1)
 		out.LostLease = true
@@ -799,9 +813,25 @@ func (d *Dispatcher) flushSent(batch []sentRow) {
 	d.Notify() // the next versions of these rows' aggregates may be due
 }
 
-// releaseBuffered hands back, unsent, rows claimed ahead that no sender took
-// (at shutdown), one UPDATE per owner token.
-func (d *Dispatcher) releaseBuffered(rows []claimedRow) {
+// releaseBuffered hands back, unsent, the units claimed ahead that no
+// sender took (at shutdown): a held claim's rows need no write (its commit
+// or rollback frees them); the others, one UPDATE per owner token.
+func (d *Dispatcher) releaseBuffered(units [][]claimedRow) {
+	var rows []claimedRow
+	for _, u := range units {
+		if u[0].hold == nil {
+			rows = append(rows, u...)
+			continue
+		}
+		outs := make([]Outcome, len(u))
+		logs := make([]logrus.FieldLogger, len(u))
+		for i, r := range u {
+			outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType,
+				Attempt: r.RetryCount + 1, TookOver: r.tookOver}
+			logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination})
+		}
+		d.settleHeld(context.Background(), u, outs, nil, logs)
+	}
 	for _, g := range groupByToken(rows, func(r claimedRow) claimedRow { return r }) {
 		ids := make([]string, len(g))
 		for i, r := range g {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/rmqtx/rmqtx/errclass"
 )
 
 // Sentinel errors. Every error the package returns wraps one of these or a
@@ -17,11 +19,8 @@ var (
 	ErrDuplicateEvent = errors.New("outbox: duplicate event id")
 	// ErrNotFound is returned by Table.Get for an unknown event id.
 	ErrNotFound = errors.New("outbox: event not found")
-	// ErrInvalidConfig wraps every configuration error.
-	ErrInvalidConfig = errors.New("outbox: invalid config")
-	// ErrConfig is ErrInvalidConfig under the name every other rmqtx
-	// package gives its configuration sentinel.
-	ErrConfig = ErrInvalidConfig
+	// ErrConfig wraps every configuration error.
+	ErrConfig = errors.New("outbox: invalid config")
 	// ErrClosed is returned by Start after Shutdown or Close.
 	ErrClosed = errors.New("outbox: dispatcher closed")
 
@@ -42,34 +41,23 @@ var (
 	ErrSendTimeout = errors.New("outbox: send timed out")
 )
 
-// Class is how a failed send is handled.
-type Class int
+// Class is how a failed send is handled: the one vocabulary rmqtx's
+// consumer, outbox and replay share (package errclass). A send knows three
+// of its classes; ClassOf maps the others onto them.
+type Class = errclass.Class
 
 const (
 	// ClassTransient: the send failed and may succeed later. RETRY with
 	// backoff. Errors a Sink returns unclassified are transient.
-	ClassTransient Class = iota
+	ClassTransient = errclass.Transient
 	// ClassUnknown: the outcome is unknown (timeout, connection lost after the
 	// request left). RETRY with backoff; sending again is allowed because
 	// consumers deduplicate by event id.
-	ClassUnknown
+	ClassUnknown = errclass.Unknown
 	// ClassPermanent: retrying cannot help (topic missing, no permission,
 	// invalid payload). DEAD at once.
-	ClassPermanent
+	ClassPermanent = errclass.Permanent
 )
-
-func (c Class) String() string {
-	switch c {
-	case ClassTransient:
-		return "transient"
-	case ClassUnknown:
-		return "unknown"
-	case ClassPermanent:
-		return "permanent"
-	default:
-		return fmt.Sprintf("class(%d)", int(c))
-	}
-}
 
 // SendError is a classified send failure. Code is a short machine-readable
 // reason stored in last_error_code (for example "no_permission", "timeout").
@@ -88,31 +76,21 @@ func (e *SendError) Error() string {
 
 func (e *SendError) Unwrap() error { return e.Err }
 
-// RetryClass returns the class name ("transient", "unknown", "permanent").
-// The consumer package's *consumer.Error has the same method with a larger
-// vocabulary; each package's ClassOf recognises the other's errors (and any
-// error type with this method) without either importing the other.
-func (e *SendError) RetryClass() string { return e.Class.String() }
+// ErrorClass returns the error's class (errclass.Classified): the consumer
+// package reads it too.
+func (e *SendError) ErrorClass() errclass.Class { return e.Class }
 
-// retryClasser is an error classified by this package, by the consumer
-// package (*consumer.Error) or by the caller's own type.
-type retryClasser interface{ RetryClass() string }
-
-// classFromName maps a RetryClass name onto a Class. The consumer package's
-// extra names map by what they mean for a send: "wait" (a precondition not
-// met yet) is transient; "data" (the message can never be processed) and
+// sendClass maps any class onto what a send can do: "wait" (a precondition
+// not met yet) is transient; "data" (the message can never be processed) and
 // "conflict" (the event id was reused with another payload) are permanent.
-// ok is false for a name outside the vocabulary.
-func classFromName(name string) (c Class, ok bool) {
-	switch name {
-	case "transient", "wait":
-		return ClassTransient, true
-	case "unknown":
-		return ClassUnknown, true
-	case "permanent", "data", "conflict":
-		return ClassPermanent, true
+func sendClass(c errclass.Class) Class {
+	switch c {
+	case errclass.Wait:
+		return ClassTransient
+	case errclass.Data, errclass.Conflict:
+		return ClassPermanent
 	}
-	return 0, false
+	return c
 }
 
 // NewSendError classifies err with an explicit code. A nil err returns nil.
@@ -138,20 +116,13 @@ func Transient(err error) error { return NewSendError(ClassTransient, "", err) }
 func Unknown(err error) error { return NewSendError(ClassUnknown, "", err) }
 
 // ClassOf returns the class of a send error: that of the outermost
-// classified error in its chain (a *SendError, a *consumer.Error, or any
-// error with a RetryClass() string method; see classFromName for the
-// consumer's names). Unclassified errors, and RetryClass names outside the
-// vocabulary, are transient, except context deadline errors, which are
-// unknown.
+// classified error in its chain (errclass.Of: a *SendError, a
+// *consumer.Error, or any errclass.Classified; see sendClass for the
+// consumer's extra classes). Unclassified errors are transient, except
+// context deadline errors, which are unknown.
 func ClassOf(err error) Class {
-	var rc retryClasser
-	if errors.As(err, &rc) {
-		if se, ok := rc.(*SendError); ok {
-			return se.Class
-		}
-		if c, ok := classFromName(rc.RetryClass()); ok {
-			return c
-		}
+	if c, ok := errclass.Of(err); ok {
+		return sendClass(c)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return ClassUnknown
@@ -166,9 +137,9 @@ func CodeOf(err error) string {
 	}
 	// The code of the error that decides the class: the outermost
 	// classified one, when it is a *SendError.
-	var rc retryClasser
-	if errors.As(err, &rc) {
-		if se, ok := rc.(*SendError); ok && se.Code != "" {
+	var c errclass.Classified
+	if errors.As(err, &c) {
+		if se, ok := c.(*SendError); ok && se.Code != "" {
 			return se.Code
 		}
 	}

@@ -150,6 +150,49 @@ func (c *countingSink) Send(ctx context.Context, m *Message) error {
 	return err
 }
 
+// countingBatch is countingSink in front of a BatchSink, and a BatchSink
+// itself: a dispatcher with it holds its claims (held.go).
+type countingBatch struct {
+	*countingSink
+	b BatchSink
+}
+
+func countingB(next BatchSink) countingBatch {
+	return countingBatch{countingSink: counting(next), b: next}
+}
+
+func (c countingBatch) Batches(msgs []*Message) [][]*Message { return c.b.Batches(msgs) }
+
+func (c countingBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
+	errs := c.b.SendBatch(ctx, msgs)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.all += len(msgs)
+	for i, m := range msgs {
+		if errs[i] == nil {
+			c.ok[m.EventID]++
+		}
+	}
+	return errs
+}
+
+// sinkKinds are the two ways a dispatcher sends: held claims with a
+// BatchSink (one write per row), and the plain Sink's two writes.
+var sinkKinds = []struct {
+	name string
+	held bool
+}{{"held", true}, {"two writes", false}}
+
+// countingKind wraps next in a counting sink of the kind held asks for.
+func countingKind(next *RocketMQSink, held bool) (Sink, *countingSink) {
+	if held {
+		c := countingB(next)
+		return c, c.countingSink
+	}
+	c := counting(next)
+	return c, c
+}
+
 func (c *countingSink) snapshot() (perID map[string]int, attempts int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -50,7 +50,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	var n int
 	require.NoError(t, db.Get(&n, "SELECT COUNT(*) FROM svc_outbox"))
 	require.Zero(t, n)
-	require.ErrorIs(t, migrateOutbox(ctx, db, "bad;prefix"), ErrInvalidConfig)
+	require.ErrorIs(t, migrateOutbox(ctx, db, "bad;prefix"), ErrConfig)
 }
 
 func TestEnqueueJoinsTheCallersTransaction(t *testing.T) {
@@ -166,6 +166,15 @@ func TestLeaseTakeoverAndStaleOwner(t *testing.T) {
 // with no faults nothing is sent twice.
 func TestTwoDispatchersRace(t *testing.T) {
 	t.Parallel()
+	for _, k := range sinkKinds {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			runRace(t, k.held)
+		})
+	}
+}
+
+func runRace(t *testing.T, held bool) {
 	b := newBed(t)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 8)
@@ -176,7 +185,12 @@ func TestTwoDispatchersRace(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := metrics.New(reg)
 	require.NoError(t, err)
-	sinks := []*countingSink{counting(b.sink(t)), counting(b.sink(t))}
+	var sinks []*countingSink
+	var use []Sink
+	for i := 0; i < 2; i++ {
+		u, c := countingKind(b.sink(t), held)
+		use, sinks = append(use, u), append(sinks, c)
+	}
 	var ds []*Dispatcher
 	var mu sync.Mutex
 	failures := map[string]int{} // error code -> count, to explain any retry
@@ -188,7 +202,7 @@ func TestTwoDispatchersRace(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	for i, s := range sinks {
+	for i, s := range use {
 		ds = append(ds, b.dispatcher(t, Config{Sink: s, Name: fmt.Sprintf("race-%d", i), BatchSize: 32,
 			Concurrency: 16, PollInterval: 200 * time.Millisecond, Metrics: m, MetricsInterval: 100 * time.Millisecond,
 			OnOutcome: onOutcome}))
@@ -223,8 +237,8 @@ func TestTwoDispatchersRace(t *testing.T) {
 		unknown += st.Unknown
 		require.Zero(t, st.LostLeases)
 	}
-	t.Logf("race: %d rows, dispatcher sends %v, total sends %d, duplicate sends %d, consumer deliveries %d distinct %d, claims %d (retries %d, unknown results %d, takeovers %d), failures %v, %.1fs",
-		n, perDispatcher, sends, dupSends, snap.Total, snap.Distinct(), claimed, retried, unknown, tookOver, failuresText(&mu, failures), elapsed.Seconds())
+	t.Logf("race (held %v): %d rows, dispatcher sends %v, total sends %d, duplicate sends %d, consumer deliveries %d distinct %d, claims %d (retries %d, unknown results %d, takeovers %d), failures %v, %.1fs",
+		held, n, perDispatcher, sends, dupSends, snap.Total, snap.Distinct(), claimed, retried, unknown, tookOver, failuresText(&mu, failures), elapsed.Seconds())
 	require.Equal(t, n, len(seen))
 	require.Zero(t, tookOver)
 	// Each row is claimed once, plus once per recorded failure: two
@@ -518,6 +532,24 @@ func TestCommandOutboxHTTP(t *testing.T) {
 // without its mutex), and the project's tests run with -race.
 func TestPerAggregateOrder(t *testing.T) {
 	t.Parallel()
+	for _, k := range sinkKinds {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			runOrder(t, k.held)
+		})
+	}
+}
+
+// jitterBatch delays each batch send a little, so sends overtake each
+// other; it is a BatchSink, so its dispatcher holds its claims.
+type jitterBatch struct{ countingBatch }
+
+func (j jitterBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
+	time.Sleep(time.Duration(mrand.IntN(3000)) * time.Microsecond)
+	return j.countingBatch.SendBatch(ctx, msgs)
+}
+
+func runOrder(t *testing.T, held bool) {
 	b := newBed(t)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 8)
@@ -533,13 +565,21 @@ func TestPerAggregateOrder(t *testing.T) {
 		}
 		b.enqueue(t, evs...)
 	}
-	sinks := []*countingSink{counting(b.sink(t)), counting(b.sink(t))}
-	for i, s := range sinks {
+	var sinks []*countingSink
+	for i := 0; i < 2; i++ {
 		// a small random delay per send makes sends overtake each other
-		jittered := FuncSink(func(ctx context.Context, m *Message) error {
-			time.Sleep(time.Duration(mrand.IntN(3000)) * time.Microsecond)
-			return s.Send(ctx, m)
-		})
+		var jittered Sink
+		if held {
+			c := countingB(b.sink(t))
+			sinks, jittered = append(sinks, c.countingSink), jitterBatch{c}
+		} else {
+			s := counting(b.sink(t))
+			sinks = append(sinks, s)
+			jittered = FuncSink(func(ctx context.Context, m *Message) error {
+				time.Sleep(time.Duration(mrand.IntN(3000)) * time.Microsecond)
+				return s.Send(ctx, m)
+			})
+		}
 		b.dispatcher(t, Config{Sink: jittered, Name: fmt.Sprintf("order-%d", i), BatchSize: 32, Concurrency: 32,
 			PollInterval: 100 * time.Millisecond})
 	}
@@ -584,8 +624,8 @@ func TestPerAggregateOrder(t *testing.T) {
 		}
 		per = append(per, c)
 	}
-	t.Logf("order: %d aggregates x %d versions, %d distinct delivered (%d deliveries); every aggregate on one queue in version order; aggregates per queue %v; sends per dispatcher %v",
-		aggs, versions, snap.Distinct(), snap.Total, queuesUsed, per)
+	t.Logf("order (held %v): %d aggregates x %d versions, %d distinct delivered (%d deliveries); every aggregate on one queue in version order; aggregates per queue %v; sends per dispatcher %v",
+		held, aggs, versions, snap.Distinct(), snap.Total, queuesUsed, per)
 	require.Positive(t, per[0])
 	require.Positive(t, per[1])
 }

@@ -21,7 +21,7 @@ func Migrations(d string, prefix string) (fs.FS, map[string]string, error) {
 		_, err = fs.Stat(fsys, ".")
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: no migrations for database %q", ErrInvalidConfig, d)
+		return nil, nil, fmt.Errorf("%w: no migrations for database %q", ErrConfig, d)
 	}
 	t, err := NewTable(prefix)
 	if err != nil {

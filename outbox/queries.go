@@ -30,6 +30,10 @@ type queries struct {
 	sqlSentMany    string // SENT for the rows of one owner token
 	sqlSentLanded  string // which of them carry our SENT
 	sqlReleaseMany string // release the rows of one owner token
+	// A held claim's outcomes, written in the claim's own transaction (held.go).
+	heldSent  string // IN list: rebound by inList
+	heldRetry string
+	heldDead  string
 }
 
 // The claim steps, in priority order. stepPending runs on every claim; the
@@ -50,6 +54,9 @@ type claimedRow struct {
 	rowScan
 	token    string
 	tookOver bool
+	// hold is the held claim whose transaction locks the row (held.go); nil
+	// when the claim wrote the row SENDING.
+	hold *heldClaim
 	// claimedAt is taken before the claim transaction begins, so it is never
 	// later than the lease's start on the database's clock.
 	claimedAt time.Time
@@ -66,6 +73,8 @@ type claimResult struct {
 	// the next claim may resume while the step comes back full (nil: from
 	// the start).
 	last any
+	// hold is the open transaction of a held claim that took rows (held.go).
+	hold *heldTx
 }
 
 // claimScan is a row as a claim step reads it.
@@ -140,6 +149,17 @@ func newQueries(d dialect.Dialect, table string) queries {
 		sqlSentLanded: "SELECT event_id FROM " + table + ` WHERE owner_token = ? AND status = 'SENT' AND event_id IN (?)`,
 		sqlReleaseMany: "UPDATE " + table + ` SET status = ` + released + `, next_retry_at = ` + now + `,
   lease_until = NULL, updated_at = ` + now + ` WHERE owner_token = ? AND status = 'SENDING' AND event_id IN (?)`,
+		// The claim's transaction holds these rows' locks, so nothing else
+		// changed them; the status and retry count read at the claim are
+		// conditions anyway, and the caller checks that every row changed
+		// (see heldTx).
+		heldSent: "UPDATE " + table + ` SET status = 'SENT', owner_token = ?, sent_at = ` + now + `, lease_until = NULL,
+  updated_at = ` + now + ` WHERE status IN ('PENDING', 'SENDING', 'RETRY') AND event_id IN (?)`,
+		heldRetry: d.Rebind("UPDATE " + table + ` SET status = 'RETRY', owner_token = ?, retry_count = retry_count + 1,
+  next_retry_at = ` + d.NowPlusMicros() + `, last_error_code = ?, last_error_message = ?,
+  lease_until = NULL, updated_at = ` + now + ` WHERE event_id = ? AND status = ? AND retry_count = ?`),
+		heldDead: d.Rebind("UPDATE " + table + ` SET status = 'DEAD', owner_token = ?, last_error_code = ?, last_error_message = ?,
+  lease_until = NULL, updated_at = ` + now + ` WHERE event_id = ? AND status = ? AND retry_count = ?`),
 	}
 }
 
@@ -160,13 +180,40 @@ func (q queries) claim(ctx context.Context, db *sqlx.DB, token string, n int, le
 // must scan from the start again whenever such a row may have become
 // claimable.
 func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int, lease time.Duration, steps stepSet, from any) (claimResult, error) {
-	var res claimResult
 	claimedAt := time.Now()
 	tx, err := dialect.BeginReadCommitted(ctx, db)
 	if err != nil {
-		return res, fmt.Errorf("outbox: claim: begin: %w", err)
+		return claimResult{}, fmt.Errorf("outbox: claim: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	res, err := q.lockDue(ctx, tx, token, n, steps, from, claimedAt)
+	if err != nil || len(res.rows) == 0 {
+		res.rows = nil
+		return res, err
+	}
+	ids := make([]string, len(res.rows))
+	for i := range res.rows {
+		ids[i] = res.rows[i].EventID
+	}
+	query, args, err := q.inList(q.takeRows, []any{token, lease.Microseconds()}, ids)
+	if err != nil {
+		return claimResult{}, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if _, err := q.stmts.TxExec(ctx, tx, query, args...); err != nil {
+		return claimResult{}, fmt.Errorf("outbox: claim: update: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return claimResult{}, fmt.Errorf("outbox: claim: commit: %w", err)
+	}
+	return res, nil
+}
+
+// lockDue is the reading half of a claim, inside tx: it locks up to n due
+// head rows with the selected steps (SKIP LOCKED: rows another claim holds
+// are passed over, never waited for) and returns them, stamped with token
+// and claimedAt. Nothing is written.
+func (q queries) lockDue(ctx context.Context, tx *sqlx.Tx, token string, n int, steps stepSet, from any, claimedAt time.Time) (claimResult, error) {
+	var res claimResult
 	var rows []claimedRow
 	for i, stmt := range q.claimSteps {
 		if len(rows) >= n {
@@ -239,26 +286,10 @@ func (q queries) claimWith(ctx context.Context, db *sqlx.DB, token string, n int
 		}
 		kept = append(kept, r)
 	}
-	rows = kept
-	if len(rows) == 0 {
-		return res, nil
+	for i := range kept {
+		kept[i].token = token
 	}
-	ids = ids[:0]
-	for i := range rows {
-		ids = append(ids, rows[i].EventID)
-		rows[i].token = token
-	}
-	query, args, err := q.inList(q.takeRows, []any{token, lease.Microseconds()}, ids)
-	if err != nil {
-		return res, fmt.Errorf("outbox: claim: %w", err)
-	}
-	if _, err := q.stmts.TxExec(ctx, tx, query, args...); err != nil {
-		return res, fmt.Errorf("outbox: claim: update: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return res, fmt.Errorf("outbox: claim: commit: %w", err)
-	}
-	res.rows = rows
+	res.rows = kept
 	return res, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"io"
 	"net"
 	"regexp"
@@ -80,8 +81,8 @@ type RocketMQSink struct {
 // NewRocketMQSink creates and starts a producer. Close it after the
 // dispatchers using it are shut down.
 func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
-	if len(cfg.NameServers) == 0 {
-		return nil, fmt.Errorf("%w: RocketMQConfig.NameServers is required", ErrInvalidConfig)
+	if err := rmqname.NameServers(cfg.NameServers); err != nil {
+		return nil, fmt.Errorf("%w: NameServers %w", ErrConfig, err)
 	}
 	if cfg.Group == "" {
 		cfg.Group = "rmqtx_outbox"
@@ -116,9 +117,6 @@ func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
 	}
 	return &RocketMQSink{p: p, queues: book, maxBatchBytes: cfg.MaxBatchBytes}, nil
 }
-
-// topicRE is RocketMQ's topic name rule (TopicValidator, 5.x).
-var topicRE = regexp.MustCompile(`^[%|a-zA-Z0-9_-]{1,127}$`)
 
 // ShardingKey is the key the RocketMQ sink hashes to choose a queue: the
 // aggregate ("type/id"), else the message key, else "" (any queue).
@@ -161,7 +159,7 @@ func (s *RocketMQSink) Send(ctx context.Context, m *Message) error {
 
 // validate refuses, permanently, what the broker would refuse.
 func (s *RocketMQSink) validate(m *Message) error {
-	if !topicRE.MatchString(m.Destination) {
+	if !rmqname.ValidTopic(m.Destination) {
 		return NewSendError(ClassPermanent, "invalid_destination",
 			fmt.Errorf("%w: %q is not a valid RocketMQ topic name", ErrInvalidDestination, m.Destination))
 	}

@@ -48,7 +48,7 @@ func handleDialect(h any) (dialect.Dialect, error) {
 	}
 	d, err := dialect.ForDriver(n.DriverName())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return d, nil
 }
@@ -67,7 +67,7 @@ func NewTable(prefix string) (Table, error) {
 	}
 	name, err := sqlname.Table(prefix, TableSuffix)
 	if err != nil {
-		return Table{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return Table{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return Table{name: name}, nil
 }

@@ -3,8 +3,8 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -51,11 +51,6 @@ type Config struct {
 	// Start and Replay (not for DryRun); the client's default HTTP resolver
 	// is never used.
 	NameServers []string
-	// NameServer is the old spelling of NameServers; WithDefaults copies it
-	// into an empty NameServers, and New rejects the two set differently.
-	//
-	// Deprecated: use NameServers.
-	NameServer []string
 	// Group is the producer group of the replayer's normal producer.
 	// Default "rmqtx_replay". Keep it apart from transactional groups (#998).
 	Group string
@@ -103,9 +98,6 @@ type TestConfig struct {
 
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
-	if len(c.NameServers) == 0 {
-		c.NameServers = c.NameServer
-	}
 	if c.TablePrefix == "" {
 		c.TablePrefix = DefaultTablePrefix
 	}
@@ -141,8 +133,10 @@ func (c Config) validate() error {
 	if err := sqlname.ValidatePrefix(c.TablePrefix); err != nil {
 		return fmt.Errorf("%w: TablePrefix: %w", ErrConfig, err)
 	}
-	if len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers) {
-		return fmt.Errorf("%w: NameServer (deprecated) and NameServers are both set and differ; set NameServers only", ErrConfig)
+	if len(c.NameServers) > 0 {
+		if err := rmqname.NameServers(c.NameServers); err != nil {
+			return fmt.Errorf("%w: NameServers %w", ErrConfig, err)
+		}
 	}
 	for _, f := range []struct {
 		name     string

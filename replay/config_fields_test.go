@@ -17,7 +17,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	configtest.FieldErrors(t, "replay: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"DB", func(c *Config) { c.DB = nil }},
 		{"TablePrefix", func(c *Config) { c.TablePrefix = "x;" }},
-		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
+		{"NameServers", func(c *Config) { c.NameServers = []string{"no-port"} }},
 		{"Rate", func(c *Config) { c.Rate = -1 }},
 		{"Batch", func(c *Config) { c.Batch = -1 }},
 		{"MaxMessages", func(c *Config) { c.MaxMessages = -1 }},
@@ -25,15 +25,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	})
 }
 
-// The deprecated NameServer still works alone; a Replayer without name
-// servers is refused at Start, naming the field.
-func TestDeprecatedNameServerIsMerged(t *testing.T) {
+// A Replayer without name servers may dry-run, and is refused at Start,
+// naming the field.
+func TestStartNeedsNameServers(t *testing.T) {
 	t.Parallel()
-	ns := []string{"127.0.0.1:9876"}
-	r, err := New(Config{DB: sqlx.NewDb(nil, "mysql"), NameServer: ns})
-	require.NoError(t, err)
-	require.Equal(t, ns, r.Config().NameServers)
-	r, err = New(Config{DB: sqlx.NewDb(nil, "mysql")})
+	r, err := New(Config{DB: sqlx.NewDb(nil, "mysql")})
 	require.NoError(t, err)
 	err = r.Start(t.Context())
 	require.ErrorIs(t, err, ErrConfig)

@@ -3,7 +3,6 @@ package replay_test
 import (
 	"context"
 	"encoding/json"
-	"github.com/rmqtx/rmqtx/schema"
 	"testing"
 	"time"
 
@@ -15,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -30,46 +31,45 @@ type deadLetter struct {
 	FirstSeen                                       time.Time
 }
 
-func insertDeadLetter(t *testing.T, db *sqlx.DB, d deadLetter) int64 {
+func insertDeadLetter(t *testing.T, db *sqlx.DB, dl deadLetter) int64 {
 	t.Helper()
-	if d.Status == "" {
-		d.Status = consumer.DeadLetterParked
+	if dl.Status == "" {
+		dl.Status = consumer.DeadLetterParked
 	}
-	if d.Class == "" {
-		d.Class = string(consumer.ClassPermanent)
+	if dl.Class == "" {
+		dl.Class = string(consumer.ClassPermanent)
 	}
-	if d.Type == "" {
-		d.Type = "OrderPaid"
+	if dl.Type == "" {
+		dl.Type = "OrderPaid"
 	}
-	if d.EventID == "" {
-		d.EventID = wire.NewEventID()
+	if dl.EventID == "" {
+		dl.EventID = wire.NewEventID()
 	}
-	if d.Payload == nil {
-		d.Payload = []byte(`{"order":"` + d.EventID + `","amount":42}`)
+	if dl.Payload == nil {
+		dl.Payload = []byte(`{"order":"` + dl.EventID + `","amount":42}`)
 	}
-	if d.Hash == "" {
-		d.Hash = wire.Hash(d.Payload)
+	if dl.Hash == "" {
+		dl.Hash = wire.Hash(dl.Payload)
 	}
-	if d.FirstSeen.IsZero() {
-		d.FirstSeen = time.Now().UTC().Add(-time.Hour)
+	if dl.FirstSeen.IsZero() {
+		dl.FirstSeen = time.Now().UTC().Add(-time.Hour)
 	}
-	env := wire.Envelope{EventID: d.EventID, EventType: d.Type, BusinessKey: d.Key}
-	props := env.Properties(d.Payload)
-	props["KEYS"] = d.EventID
+	env := wire.Envelope{EventID: dl.EventID, EventType: dl.Type, BusinessKey: dl.Key}
+	props := env.Properties(dl.Payload)
+	props["KEYS"] = dl.EventID
 	pj, _ := json.Marshal(props)
-	res, err := db.Exec(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
+	d := dialect.Must(db)
+	id, err := d.InsertID(context.Background(), db, db.Rebind(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
 		business_key, error_class, error_text, payload, payload_redacted, request_hash, properties, reconsume_times, status,
-		first_seen_at, last_seen_at) VALUES (?, ?, 0, 0, 'm', ?, ?, ?, ?, 'handler said no', ?, ?, ?, ?, 0, ?, ?, ?)`,
-		d.Group, d.Topic, d.EventID, d.Type, d.Key, d.Class, d.Payload, d.Redacted, d.Hash, string(pj), d.Status, d.FirstSeen, d.FirstSeen)
-	require.NoError(t, err)
-	id, err := res.LastInsertId()
+		first_seen_at, last_seen_at) VALUES (?, ?, 0, 0, 'm', ?, ?, ?, ?, 'handler said no', ?, ?, ?, ?, 0, ?, ?, ?)`), "id",
+		dl.Group, dl.Topic, dl.EventID, dl.Type, dl.Key, dl.Class, dl.Payload, dl.Redacted, dl.Hash, string(pj), dl.Status, dl.FirstSeen, dl.FirstSeen)
 	require.NoError(t, err)
 	return id
 }
 
-func setupDB(t *testing.T) *sqlx.DB {
+// migrated migrates db (a fresh database of testenv.EachDB) and returns it.
+func migrated(t *testing.T, db *sqlx.DB) *sqlx.DB {
 	t.Helper()
-	db := testenv.DB(t)
 	require.NoError(t, schema.MigrateAll(context.Background(), db, ""))
 	return db
 }
@@ -136,6 +136,6 @@ func metricValue(t *testing.T, g prometheus.Gatherer, name string, labels map[st
 func countRows(t *testing.T, db *sqlx.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Get(&n, q, args...))
+	require.NoError(t, db.Get(&n, db.Rebind(q), args...))
 	return n
 }

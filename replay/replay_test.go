@@ -14,6 +14,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/replay"
@@ -25,11 +26,17 @@ import (
 // ids, an audit row; a second replay is a dedup hit, not a second effect.
 func TestReplayEndToEnd(t *testing.T) {
 	t.Parallel()
+	testenv.EachDB(t, testReplayEndToEnd)
+}
+
+func testReplayEndToEnd(t *testing.T, db *sqlx.DB) {
 	s := testenv.Integration(t)
-	db := setupDB(t)
+	migrated(t, db)
 	ctx := context.Background()
 	_, err := db.Exec("CREATE TABLE effects (event_id VARCHAR(64) NOT NULL PRIMARY KEY, applied INT NOT NULL)")
 	require.NoError(t, err)
+	d := dialect.Must(db)
+	applyEffect := d.Rebind(d.Upsert("effects", "event_id, applied", "?, 1", "event_id", "applied = applied + 1"))
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 2)
 	group := testenv.Name(t, "group")
@@ -45,7 +52,7 @@ func TestReplayEndToEnd(t *testing.T) {
 				if !fixed.Load() {
 					return consumer.Permanent(errors.New("downstream rejects the order"))
 				}
-				_, err := tx.ExecContext(ctx, "INSERT INTO effects (event_id, applied) VALUES (?, 1) ON DUPLICATE KEY UPDATE applied = applied + 1", ev.ID)
+				_, err := tx.ExecContext(ctx, applyEffect, ev.ID)
 				return err
 			}},
 		}},
@@ -142,8 +149,12 @@ func TestReplayEndToEnd(t *testing.T) {
 // the configured rate (generous bound), whatever the machine.
 func TestReplayRateLimit(t *testing.T) {
 	t.Parallel()
+	testenv.EachDB(t, testReplayRateLimit)
+}
+
+func testReplayRateLimit(t *testing.T, db *sqlx.DB) {
 	s := testenv.Integration(t)
-	db := setupDB(t)
+	migrated(t, db)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 2)
 	col := testenv.Collect(t, topic)
@@ -190,8 +201,12 @@ func TestReplayRateLimit(t *testing.T) {
 // the batch in progress; what it did not send stays PARKED.
 func TestReplayStopsOnNewDeadLetters(t *testing.T) {
 	t.Parallel()
+	testenv.EachDB(t, testReplayStopsOnNewDeadLetters)
+}
+
+func testReplayStopsOnNewDeadLetters(t *testing.T, db *sqlx.DB) {
 	s := testenv.Integration(t)
-	db := setupDB(t)
+	migrated(t, db)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 2)
 	group := "g-stop"
@@ -225,7 +240,11 @@ func TestReplayStopsOnNewDeadLetters(t *testing.T) {
 // rows (REPLAYED with IncludeReplayed), and says what it would skip.
 func TestDryRunSelectors(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	testenv.EachDB(t, testDryRunSelectors)
+}
+
+func testDryRunSelectors(t *testing.T, db *sqlx.DB) {
+	migrated(t, db)
 	t0 := time.Date(2025, 3, 1, 10, 0, 0, 0, time.UTC)
 	a := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Type: "OrderPaid", Key: "k1", FirstSeen: t0})
 	b := insertDeadLetter(t, db, deadLetter{Group: "g1", Topic: "T", Type: "OrderShipped", Key: "k2", Class: "data", FirstSeen: t0.Add(time.Hour)})

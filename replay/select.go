@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -85,9 +86,13 @@ type Plan struct {
 	Skip       int         `json:"skip"`
 }
 
-const candidateColumns = "id, consumer_group, topic, event_id, event_type, business_key, error_class, status," +
-	" replay_count, first_seen_at, payload IS NULL AS no_payload, payload_redacted," +
-	" (payload IS NOT NULL AND request_hash = CONVERT(SHA2(payload, 256) USING ascii)) AS hash_ok"
+// candidateColumns are what selectCandidates reads; hash_ok compares the
+// stored payload with the stored hash on the database.
+func candidateColumns(d dialect.Dialect) string {
+	return "id, consumer_group, topic, event_id, event_type, business_key, error_class, status," +
+		" replay_count, first_seen_at, payload IS NULL AS no_payload, payload_redacted," +
+		" (payload IS NOT NULL AND request_hash = " + d.SHA256Hex("payload") + ") AS hash_ok"
+}
 
 type candidateRow struct {
 	ID            int64        `db:"id"`
@@ -133,7 +138,7 @@ func skipReason(class string, noPayload, replayable bool) string {
 }
 
 func (r *Replayer) selectCandidates(ctx context.Context, s Selector) ([]Candidate, error) {
-	q, args := r.dead.SelectSQL(candidateColumns, s.filter(r.cfg.MaxMessages))
+	q, args := r.dead.SelectSQL(candidateColumns(r.d), s.filter(r.cfg.MaxMessages))
 	var rows []candidateRow
 	if err := r.cfg.DB.SelectContext(ctx, &rows, q, args...); err != nil {
 		return nil, fmt.Errorf("replay: select dead letters: %w", err)

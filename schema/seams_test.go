@@ -32,15 +32,21 @@ var owners = map[string]struct{ tables, states []string }{
 var notLibrary = []string{"examples", "cmd/rmqtx-bench", "third_party", "internal/testenv", "internal/testbed",
 	"internal/testscript", "internal/tools", "internal/configtest", "internal/dialect", "interop", "faultsuite", "clustersuite", "deploy", "docker"}
 
-// mysqlOnly are tokens of MySQL/MariaDB SQL or its driver that no library
-// package may use outside internal/dialect and the owners' migrations.
+// mysqlOnly are tokens of MySQL/MariaDB SQL that no library package may
+// use outside internal/dialect and the owners' migrations (which are .sql
+// files, never scanned).
 var mysqlOnly = regexp.MustCompile(`(?i)ON DUPLICATE KEY|LAST_INSERT_ID|GET_LOCK|RELEASE_LOCK|UTC_TIMESTAMP|INSERT IGNORE|REPLACE INTO|@@SESSION|` +
-	`LOCK IN SHARE MODE|TIMESTAMPDIFF|INTERVAL \? MICROSECOND|ENGINE\s*=|\bDATABASE\(\)`)
+	`LOCK IN SHARE MODE|TIMESTAMPDIFF|INTERVAL \? MICROSECOND|ENGINE\s*=|\bDATABASE\(\)|\bSHA2\(|USING ascii`)
+
+// postgresOnly are the same for PostgreSQL's SQL.
+var postgresOnly = regexp.MustCompile(`(?i)ON CONFLICT|\bEXCLUDED\.|pg_(try_)?advisory|current_setting\(|statement_timestamp|clock_timestamp|` +
+	`::[a-z]|\bxmax\b|\bBYTEA\b|\bRETURNING [A-Za-z(]`)
 
 var sqlWord = regexp.MustCompile(`\b(SELECT|INSERT|UPDATE|DELETE|FROM|JOIN|INTO|WHERE)\b`)
 
 // TestSeams fails when a library package spells another package's table,
-// state or column export, or MySQL-only SQL outside the dialect.
+// state or column export, or MySQL- or PostgreSQL-only SQL outside the
+// dialect.
 func TestSeams(t *testing.T) {
 	problems, files := seamViolations(t, "..")
 	require.Greater(t, files, 50, "the scan must cover the library's files")
@@ -66,6 +72,10 @@ const ColEventID = "event_id"`,
 const q = "INSERT IGNORE INTO t VALUES (1)"`,
 		"mysql driver import": `package outbox
 import _ "github.com/go-sql-driver/mysql"`,
+		"postgres in a library": `package outbox
+const q = "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING"`,
+		"pgx import": `package txlog
+import _ "github.com/jackc/pgx/v5/stdlib"`,
 		"mysql error type": `package consumer
 import "github.com/go-sql-driver/mysql"
 var _ *mysql.MySQLError`,
@@ -161,6 +171,8 @@ func scanFile(t *testing.T, pkg, file string) []string {
 	for _, imp := range f.Imports {
 		if p, _ := strconv.Unquote(imp.Path.Value); p == "github.com/go-sql-driver/mysql" && !opensConnections {
 			out = append(out, at(imp)+": imports the MySQL driver outside internal/dialect")
+		} else if strings.HasPrefix(p, "github.com/jackc/pgx/") && !opensConnections {
+			out = append(out, at(imp)+": imports pgx outside internal/dialect")
 		}
 	}
 	ast.Inspect(f, func(n ast.Node) bool {
@@ -218,6 +230,9 @@ func scanFile(t *testing.T, pkg, file string) []string {
 			}
 			if m := mysqlOnly.FindString(s); m != "" {
 				out = append(out, at(x)+": MySQL-only SQL "+strconv.Quote(m)+" outside internal/dialect")
+			}
+			if m := postgresOnly.FindString(s); m != "" {
+				out = append(out, at(x)+": PostgreSQL-only SQL "+strconv.Quote(m)+" outside internal/dialect")
 			}
 		}
 		return true

@@ -36,9 +36,11 @@ var legacyOwners = []struct {
 // previous release left it (its DDL, its four version tables, a row of
 // data), then runs MigrateAll: the data survives, every owner's applied
 // versions are adopted into the one version table without being run again,
-// and a second run is a no-op.
+// and a second run is a no-op. It runs on MariaDB only, by nature: the
+// previous release supported no other database, so no PostgreSQL database
+// was ever laid out that way.
 func TestMigrateAllUpgradesAPerOwnerDatabase(t *testing.T) {
-	db := testenv.DB(t)
+	db := testenv.MySQLDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	prefix := "u" + testenv.RandSuffix(6) + "_"

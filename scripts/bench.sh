@@ -5,8 +5,15 @@
 # bench-results.json). scripts/bench-durable.sh runs the same against a
 # private MariaDB with innodb_flush_log_at_trx_commit=1.
 #
+# It measures with the upstream client by default: go.mod without its
+# replace (scripts/upstream-mod.sh), which is what a service that imports
+# rmqtx builds. RMQTX_BENCH_CLIENT=patched measures with the patched copy in
+# third_party/ instead (the gain the patches would bring). The table's
+# "client:" line and the JSON's machine.client name the client used.
+#
 #   scripts/bench.sh                                   full run (about 6-8 minutes on 2 cores)
 #   scripts/bench.sh -workloads producer -rounds 5     any rmqtx-bench flag (go run ./cmd/rmqtx-bench -h)
+#   RMQTX_BENCH_CLIENT=patched scripts/bench.sh        the patched client
 #   BENCH_JSON=/tmp/b.json scripts/bench.sh
 set -euo pipefail
 
@@ -24,5 +31,12 @@ export RMQTX_TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 export RMQTX_TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
 export RMQTX_TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
 
+case ${RMQTX_BENCH_CLIENT:-upstream} in
+  upstream) view=(-modfile="$(bash scripts/upstream-mod.sh)") ;;
+  patched) view=() ;;
+  *) echo "bench: RMQTX_BENCH_CLIENT is upstream (default) or patched, not ${RMQTX_BENCH_CLIENT}" >&2; exit 2 ;;
+esac
+echo "bench: rocketmq-client-go ${RMQTX_BENCH_CLIENT:-upstream}${view:+ (${view[0]})}" >&2
+
 json=${BENCH_JSON:-bench-results.json}
-go run ./cmd/rmqtx-bench -json "$json" "$@"
+go run "${view[@]}" ./cmd/rmqtx-bench -json "$json" "$@"

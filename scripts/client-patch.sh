@@ -2,8 +2,18 @@
 # The patched rocketmq-client-go in third_party/ is the pinned upstream
 # version plus third_party/rocketmq-client-go.patch, nothing else.
 #
-#   scripts/client-patch.sh check   verify that (fails when the copy and the patch disagree)
-#   scripts/client-patch.sh diff    print the patch from the copy (to refresh the .patch file)
+#   scripts/client-patch.sh check [DIR]   verify that DIR (default: the copy in third_party/) is
+#                                         exactly that; fails when the folder and the patch disagree
+#   scripts/client-patch.sh copy DIR      copy the patched client to DIR (in your service's
+#                                         repository) and check the copy
+#   scripts/client-patch.sh diff          print the patch from the copy (to refresh the .patch file)
+#
+# A service that imports rmqtx builds the upstream client: rmqtx's replace
+# applies only when rmqtx is the main module. To build with the patches, run
+# `copy` from a checkout of rmqtx at the version you use (the folder has its
+# own go.mod, so it is not part of rmqtx's module download), then add
+#   go mod edit -replace github.com/apache/rocketmq-client-go/v2=./third_party/rocketmq-client-go
+# and keep `check DIR` in your CI. See third_party/rocketmq-client-go/PATCHES.md.
 #
 # The upstream module comes from the Go module proxy and is verified against
 # the hash recorded in third_party/rocketmq-client-go/UPSTREAM.
@@ -11,7 +21,22 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 COPY=third_party/rocketmq-client-go
 PATCH=third_party/rocketmq-client-go.patch
+# DIR arguments are relative to the caller's directory.
+case ${1:-} in
+  check) DIR=$(cd "${2:-$ROOT/$COPY}" && pwd) ;;
+  copy)
+    [[ -n ${2:-} ]] || { echo "client-patch: copy needs a destination folder" >&2; exit 2; }
+    [[ ! -e $2 || -z $(ls -A "$2") ]] || { echo "client-patch: $2 exists and is not empty" >&2; exit 2; }
+    mkdir -p "$2"
+    DIR=$(cd "$2" && pwd)
+    ;;
+  *) DIR=$ROOT/$COPY ;;
+esac
 cd "$ROOT"
+if [[ ${1:-} == copy ]]; then
+  (cd $COPY && tar cf - .) | (cd "$DIR" && tar xf -)
+  chmod -R u+w "$DIR"
+fi
 mod=$(awk '$1=="module"{print $2}' $COPY/UPSTREAM)
 ver=$(awk '$1=="version"{print $2}' $COPY/UPSTREAM)
 
@@ -29,18 +54,18 @@ mkdir -p "$tmp/a"
 (cd "$dir" && find . -type f \( \( -name '*.go' ! -name '*_test.go' \) -o -name go.mod -o -name go.sum -o -name LICENSE -o -name NOTICE \) \
   | grep -v -e '^./examples/' -e '^./benchmark/' -e '^./docs/' | tar cf - -T -) | (cd "$tmp/a" && tar xf -)
 mkdir -p "$tmp/b"
-(cd $COPY && find . -type f ! -name UPSTREAM ! -name PATCHES.md | tar cf - -T -) | (cd "$tmp/b" && tar xf -)
+(cd "$DIR" && find . -type f ! -name UPSTREAM ! -name PATCHES.md | tar cf - -T -) | (cd "$tmp/b" && tar xf -)
 (cd "$tmp" && diff -ruN a b) | sed -E 's/^((---|\+\+\+) [^\t]+)\t.*$/\1/' >"$tmp/patch" || true
 
 case ${1:-} in
   diff) cat "$tmp/patch" ;;
-  check)
+  check | copy)
     if ! cmp -s "$tmp/patch" $PATCH; then
-      echo "client-patch: $COPY is not upstream $ver + $PATCH; differences:" >&2
+      echo "client-patch: $DIR is not upstream $ver + $PATCH; differences:" >&2
       diff -u $PATCH "$tmp/patch" >&2 || true
       exit 1
     fi
-    echo "client-patch: $COPY = upstream $ver + $PATCH ($(grep -c '^@@' $PATCH) hunks)"
+    echo "client-patch: $DIR = upstream $ver + $PATCH ($(grep -c '^@@' $PATCH) hunks)"
     ;;
-  *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
 esac

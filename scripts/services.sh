@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Local test bed for rmqtx: a real MariaDB and a real Apache RocketMQ (namesrv +
-# broker), on loopback only, installed and started without Docker.
+# Local test bed for rmqtx: a real MariaDB, a real PostgreSQL and a real Apache
+# RocketMQ (namesrv + broker), on loopback only, installed and started without Docker.
 #
-#   scripts/services.sh install                       install MariaDB and fetch the RocketMQ jars only
-#   scripts/services.sh up [mariadb|namesrv|broker|broker-b]   install if missing, start, wait until usable
-#   scripts/services.sh down [mariadb|namesrv|broker|broker-b] stop what this script started (recorded PIDs)
-#   scripts/services.sh kill9 broker|broker-b|namesrv|mariadb  SIGKILL one service (fault tests)
+#   scripts/services.sh install                       install MariaDB and PostgreSQL, fetch the RocketMQ jars
+#   scripts/services.sh up [mariadb|postgres|namesrv|broker|broker-b]   install if missing, start, wait until usable
+#   scripts/services.sh down [mariadb|postgres|namesrv|broker|broker-b] stop what this script started (recorded PIDs)
+#   scripts/services.sh kill9 broker|broker-b|namesrv|mariadb|postgres  SIGKILL one service (fault tests)
 #   scripts/services.sh status                        what runs, on which port
-#   scripts/services.sh logs [mariadb|namesrv|broker|broker-b] tail the logs
+#   scripts/services.sh logs [mariadb|postgres|namesrv|broker|broker-b] tail the logs
 #   scripts/services.sh admin <mqadmin args>          RocketMQ admin tool, name server preset
 #   scripts/services.sh env                           print the settings as shell exports
 #
@@ -26,6 +26,10 @@ MYSQL_PORT=${RMQTX_MYSQL_PORT:-3307}
 MYSQL_USER=${RMQTX_MYSQL_USER:-rmqtx}
 MYSQL_PASSWORD=${RMQTX_MYSQL_PASSWORD:-rmqtx}
 MYSQL_DATABASE=${RMQTX_MYSQL_DATABASE:-rmqtx}
+PG_PORT=${RMQTX_PG_PORT:-5433}
+PG_USER=${RMQTX_PG_USER:-rmqtx}
+PG_PASSWORD=${RMQTX_PG_PASSWORD:-rmqtx}
+PG_DATABASE=${RMQTX_PG_DATABASE:-rmqtx}
 NAMESRV_PORT=${RMQTX_NAMESRV_PORT:-9876}
 BROKER_PORT=${RMQTX_BROKER_PORT:-10911}
 BROKERS=${RMQTX_BROKERS:-1}
@@ -46,6 +50,7 @@ DB_DIR=$RUN_DIR/mariadb
 RMQ_DIR=$RUN_DIR/rocketmq
 PID_DIR=$RUN_DIR/pids
 MYSQL_SOCK=$DB_DIR/mysqld.sock
+PG_DIR=$RUN_DIR/postgres
 
 JDK_FLAGS=(--add-opens java.base/java.nio=ALL-UNNAMED --add-exports java.base/sun.nio.ch=ALL-UNNAMED
   --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.util=ALL-UNNAMED)
@@ -129,6 +134,97 @@ CREATE USER IF NOT EXISTS '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$MYSQL_PASSWO
 CREATE USER IF NOT EXISTS '$MYSQL_USER'@'localhost' IDENTIFIED BY '$MYSQL_PASSWORD';
 GRANT ALL PRIVILEGES ON *.* TO '$MYSQL_USER'@'127.0.0.1';
 GRANT ALL PRIVILEGES ON *.* TO '$MYSQL_USER'@'localhost';
+SQL
+}
+
+# ---------- PostgreSQL ----------
+# A private cluster under $PG_DIR (data, socket, log), listening on
+# 127.0.0.1:$PG_PORT only. initdb and postgres refuse to run as root, so as
+# root they run as the "postgres" system user (the Debian package creates it)
+# and $PG_DIR belongs to that user. fsync=off is the analogue of MariaDB's
+# innodb-flush-log-at-trx-commit=2: a commit is written to the OS before it
+# returns, so a killed server loses nothing, only a machine crash would.
+# synchronous_commit stays on for exactly that reason.
+
+pg_bin_dir() { # the newest installed server's bin folder
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5 -n -r); do
+    [[ -x $d/initdb && -x $d/postgres ]] && { echo "$d"; return; }
+  done
+  return 1
+}
+
+ensure_postgres_installed() {
+  pg_bin_dir >/dev/null && return
+  log "installing PostgreSQL from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  # No system-wide "main" cluster on 5432: this script runs its own.
+  mkdir -p /etc/postgresql-common/createcluster.d
+  echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/rmqtx.conf
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends postgresql postgresql-client >/dev/null
+  pg_bin_dir >/dev/null || die "postgresql installed but initdb/postgres not found under /usr/lib/postgresql"
+}
+
+# as_pg runs a command as the cluster's owner: root cannot run initdb or
+# postgres. setpriv execs in place (start_postgres uses it directly, so the
+# recorded PID is the server's own).
+as_pg() {
+  if ((EUID == 0)); then
+    setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"
+  else
+    "$@"
+  fi
+}
+
+pg_psql() { psql -X -q -v ON_ERROR_STOP=1 -h "$PG_DIR/sock" -p "$PG_PORT" -U postgres "$@"; }
+
+start_postgres() {
+  if pid_of postgres >/dev/null; then return; fi
+  ensure_postgres_installed
+  local bin
+  bin=$(pg_bin_dir)
+  mkdir -p "$PG_DIR/sock" "$PID_DIR"
+  if ((EUID == 0)); then
+    id postgres >/dev/null 2>&1 || die "running as root needs the 'postgres' system user (apt's postgresql package creates it)"
+    chown -R postgres: "$PG_DIR"
+  fi
+  if [[ ! -f $PG_DIR/data/PG_VERSION ]]; then
+    log "initialising PostgreSQL data folder $PG_DIR/data"
+    # Local superuser "postgres" by socket (trust; the socket lives in the
+    # private folder); TCP needs a password. Byte-order collation, as
+    # MariaDB's utf8mb4_bin.
+    as_pg "$bin/initdb" -D "$PG_DIR/data" -U postgres --encoding=UTF8 --locale=C \
+      --auth-local=trust --auth-host=scram-sha-256 >"$PG_DIR/initdb.log" 2>&1 \
+      || { tail -20 "$PG_DIR/initdb.log" >&2; die "initdb failed"; }
+  fi
+  port_open "$PG_PORT" && die "port $PG_PORT is taken by another process; set RMQTX_PG_PORT"
+  log "starting PostgreSQL $(basename "$(dirname "$bin")") on 127.0.0.1:$PG_PORT"
+  # Its log file is opened by this shell, before the user switch.
+  local run=()
+  ((EUID == 0)) && run=(setpriv --reuid=postgres --regid=postgres --init-groups --)
+  setsid "${run[@]}" "$bin/postgres" -D "$PG_DIR/data" -c listen_addresses=127.0.0.1 -p "$PG_PORT" \
+    -c unix_socket_directories="$PG_DIR/sock" -c max_connections=400 -c shared_buffers=128MB \
+    -c fsync=off -c full_page_writes=off -c synchronous_commit=on \
+    -c max_prepared_transactions=0 -c log_min_messages=warning -c log_line_prefix='%m [%p] ' \
+    </dev/null >>"$PG_DIR/postgres.log" 2>&1 &
+  echo $! >"$PID_DIR/postgres.pid"
+}
+
+wait_postgres() {
+  local deadline=$((SECONDS + WAIT_SECONDS))
+  until pg_psql -d postgres -c 'SELECT 1' >/dev/null 2>&1; do
+    pid_of postgres >/dev/null || { tail -30 "$PG_DIR/postgres.log" >&2; die "PostgreSQL exited during start-up"; }
+    ((SECONDS < deadline)) || { tail -30 "$PG_DIR/postgres.log" >&2; die "PostgreSQL not ready after ${WAIT_SECONDS}s"; }
+    sleep 0.3
+  done
+  [[ $PG_USER =~ ^[A-Za-z0-9_]+$ && $PG_DATABASE =~ ^[A-Za-z0-9_]+$ ]] || die "bad PostgreSQL user or database name"
+  # Idempotent: the role (CREATEDB: every test makes its own database) and
+  # its database. psql quotes the password (:'pw').
+  pg_psql -d postgres -v pw="$PG_PASSWORD" <<SQL
+SELECT format('CREATE ROLE %I LOGIN CREATEDB', '$PG_USER') WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$PG_USER') \\gexec
+ALTER ROLE $PG_USER WITH LOGIN CREATEDB PASSWORD :'pw';
+SELECT format('CREATE DATABASE %I OWNER %I', '$PG_DATABASE', '$PG_USER') WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = '$PG_DATABASE') \\gexec
 SQL
 }
 
@@ -287,22 +383,24 @@ cmd_up() {
   local only=${1:-}
   local t0=$SECONDS svc all=1
   mkdir -p "$PID_DIR"
-  for svc in mariadb namesrv $(brokers); do pid_of "$svc" >/dev/null || all=0; done
+  for svc in mariadb postgres namesrv $(brokers); do pid_of "$svc" >/dev/null || all=0; done
   if [[ -z $only && $all == 1 ]]; then
     log "already up (use 'status' for details)"
     return
   fi
   want "$only" mariadb && start_mariadb
+  want "$only" postgres && start_postgres
   want "$only" namesrv && start_namesrv
   for svc in $(brokers); do want "$only" "$svc" && start_broker "$svc"; done
   want "$only" mariadb && wait_mariadb
+  want "$only" postgres && wait_postgres
   case $only in
     "" | namesrv) wait_rocketmq ;;
     broker | broker-b) wait_rocketmq "$only" ;;
   esac
   local where="broker 127.0.0.1:$BROKER_PORT"
   [[ $BROKERS == 2 ]] && where="brokers broker-a 127.0.0.1:$BROKER_PORT, broker-b 127.0.0.1:$BROKER_B_PORT"
-  log "up in $((SECONDS - t0))s: MariaDB 127.0.0.1:$MYSQL_PORT, namesrv 127.0.0.1:$NAMESRV_PORT, $where"
+  log "up in $((SECONDS - t0))s: MariaDB 127.0.0.1:$MYSQL_PORT, PostgreSQL 127.0.0.1:$PG_PORT, namesrv 127.0.0.1:$NAMESRV_PORT, $where"
 }
 
 stop_one() { # service signal
@@ -322,18 +420,20 @@ cmd_down() {
   want "$only" broker && stop_one broker TERM
   want "$only" namesrv && stop_one namesrv TERM
   want "$only" mariadb && stop_one mariadb TERM
+  # SIGINT is PostgreSQL's fast shutdown; SIGTERM waits for every client.
+  want "$only" postgres && stop_one postgres INT
   return 0
 }
 
 cmd_kill9() {
-  [[ -n ${1:-} ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb"
+  [[ -n ${1:-} ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb|postgres"
   stop_one "$1" KILL
 }
 
 cmd_status() {
   local s pid port rc=0
-  for s in mariadb namesrv $(brokers); do
-    case $s in mariadb) port=$MYSQL_PORT ;; namesrv) port=$NAMESRV_PORT ;; broker) port=$BROKER_PORT ;; broker-b) port=$BROKER_B_PORT ;; esac
+  for s in mariadb postgres namesrv $(brokers); do
+    case $s in mariadb) port=$MYSQL_PORT ;; postgres) port=$PG_PORT ;; namesrv) port=$NAMESRV_PORT ;; broker) port=$BROKER_PORT ;; broker-b) port=$BROKER_B_PORT ;; esac
     if pid=$(pid_of $s); then
       printf '%-8s running  pid %-7s 127.0.0.1:%s\n' "$s" "$pid" "$port"
     else
@@ -347,6 +447,7 @@ cmd_status() {
 cmd_logs() {
   local only=${1:-}
   want "$only" mariadb && { echo "== mariadb ($DB_DIR/error.log)"; tail -n "${LINES_:-40}" "$DB_DIR/error.log" 2>/dev/null || true; }
+  want "$only" postgres && { echo "== postgres ($PG_DIR/postgres.log)"; tail -n 40 "$PG_DIR/postgres.log" 2>/dev/null || true; }
   want "$only" namesrv && { echo "== namesrv"; tail -n 40 "$RMQ_DIR/logs/namesrv.out" 2>/dev/null || true; }
   want "$only" broker && { echo "== broker"; tail -n 40 "$RMQ_DIR/logs/broker.out" 2>/dev/null || true
     echo "== broker.log"; tail -n 40 "$RMQ_DIR/logs/rocketmqlogs/broker.log" 2>/dev/null || true; }
@@ -363,6 +464,7 @@ export RMQTX_MYSQL_ADDR=127.0.0.1:$MYSQL_PORT
 export RMQTX_MYSQL_USER=$MYSQL_USER
 export RMQTX_MYSQL_PASSWORD=$MYSQL_PASSWORD
 export RMQTX_MYSQL_DATABASE=$MYSQL_DATABASE
+export RMQTX_PG_DSN='postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DATABASE?sslmode=disable'
 export RMQTX_NAMESRV=127.0.0.1:$NAMESRV_PORT
 export RMQTX_BROKER=127.0.0.1:$BROKER_PORT
 EOF
@@ -370,7 +472,7 @@ EOF
 }
 
 case ${1:-} in
-  install) ensure_mariadb_installed; ensure_jars ;;
+  install) ensure_mariadb_installed; ensure_postgres_installed; ensure_jars ;;
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
   kill9) shift; cmd_kill9 "$@" ;;

@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs MariaDB and the RocketMQ
 # jars if needed, starts the services, runs every test with the race detector
-# and the crash-test failpoints compiled in, then every fuzz target briefly.
+# and the crash-test failpoints compiled in, then the user's build (the
+# upstream rocketmq-client-go, without go.mod's replace), then every fuzz
+# target briefly.
+#
+# Two builds (RMQTX_VIEWS, default "patched upstream"):
+#   patched   go.mod as it is: its replace selects the patched client in
+#             third_party/; every test, under -race.
+#   upstream  go.mod without the replace (scripts/upstream-mod.sh), which is
+#             what a service that imports rmqtx builds: go build and go vet
+#             of every package, the unit tests, the real-broker tests of
+#             txproducer, checkback, consumer and outbox, and the crash
+#             matrix. Not under -race: the upstream client's own data races
+#             (third_party/rocketmq-client-go/PATCHES.md) would fail it
+#             whatever rmqtx does. RMQTX_UPSTREAM_MODFILE names a view to use
+#             as it is instead of generating one.
 #
 # Network isolation (RMQTX_NETNS): by default, when this runs as root and
 # `unshare` is available, the services and the tests run inside a private
@@ -21,39 +35,110 @@ if [[ $netns == auto ]]; then
   fi
 fi
 
-# Nothing is retried: a test that fails fails the run, whatever the cause. The
-# data races that rocketmq-client-go has of its own (apache/rocketmq-client-go
-# #790, #1115 and the others listed in third_party/rocketmq-client-go/PATCHES.md)
-# are fixed at their source in the patched copy that go.mod's replace directive
-# points at, so everything, the client included, runs under the race detector
-# and any report fails the run.
+# Nothing is retried: a test that fails fails the run, whatever the cause,
+# and the first failing step ends it. The data races that rocketmq-client-go
+# has of its own (apache/rocketmq-client-go#1115, #1051 and the others listed
+# in third_party/rocketmq-client-go/PATCHES.md) are fixed at their source in
+# the patched copy that go.mod's replace directive points at, so in the
+# patched build everything, the client included, runs under the race
+# detector and any report fails the run.
 GO=${RMQTX_GO:-go}
-LOG=${RMQTX_RUN_DIR:-.run}/go-test.log
+RUN_DIR=${RMQTX_RUN_DIR:-.run}
+LOG=$RUN_DIR/go-test.log
+VIEWS=${RMQTX_VIEWS:-patched upstream}
+UPSTREAM_MOD=${RMQTX_UPSTREAM_MODFILE:-$PWD/.run/upstream/go.mod}
+# The one test the upstream build leaves out: it proves patch 2 (the check
+# goroutine ends at Shutdown), which upstream lacks. What upstream leaves
+# behind is measured instead by TestLifecycleLeak, which runs in both builds.
+UPSTREAM_SKIP='^TestShutdownStopsCheckLoop$'
 
-# go_tests runs the Go suite once against the services in the environment and
-# returns go test's own exit status.
-go_tests() {
-  echo "== go test -race -tags failpoints ./..."
-  local rc=0 suite summary
-  mkdir -p "$(dirname "$LOG")"
-  # The fault and cluster suites write their summaries to $TMPDIR. A TMPDIR
-  # inside this run's folder keeps two runs on one machine (a soak beside a
-  # developer's run) from reading or deleting each other's.
-  TMPDIR=$(mkdir -p "$(dirname "$LOG")/tmp" && cd "$(dirname "$LOG")/tmp" && pwd)
+# use_tmpdir gives the fault and cluster suites, which write their summaries
+# to $TMPDIR, a TMPDIR inside this run's folder: two runs on one machine (a
+# soak beside a developer's run) never read or delete each other's.
+use_tmpdir() {
+  mkdir -p "$RUN_DIR/tmp"
+  TMPDIR=$(cd "$RUN_DIR/tmp" && pwd)
   export TMPDIR
-  for suite in faultsuite clustersuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
-  # shellcheck disable=SC2086
-  "$GO" test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$LOG" || rc=$?
-  # go test hides a passing package's output; the figures of the fault and
-  # cluster suites (lost, ghosts, double effects) belong in every run's log.
+}
+
+# summaries prints the fault and cluster suites' figures (lost, ghosts,
+# double effects) of the go test that just ran: go test hides a passing
+# package's output, and they belong in every run's log.
+summaries() {
+  local suite summary
   for suite in faultsuite clustersuite; do
     summary=$TMPDIR/rmqtx-$suite-summary.txt
     if [[ -f $summary ]]; then
-      echo "== $suite summary"
+      echo "== $suite summary${1:+ ($1)}"
       cat "$summary"
+      rm -f "$summary"
     fi
   done
+}
+
+# patched_tests runs the Go suite once against the services in the
+# environment and returns go test's own exit status.
+patched_tests() {
+  echo "== patched client: go test -race -tags failpoints ./..."
+  local rc=0 suite
+  mkdir -p "$RUN_DIR"
+  use_tmpdir
+  for suite in faultsuite clustersuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
+  # shellcheck disable=SC2086
+  "$GO" test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$LOG" || rc=$?
+  summaries patched
   return $rc
+}
+
+# upstream_step runs one go command of the upstream build, logged to
+# $RUN_DIR/go-test-upstream.log, and returns its exit status.
+upstream_step() {
+  echo "== upstream client: go $*"
+  local rc=0
+  "$GO" "$@" 2>&1 | tee -a "$RUN_DIR/go-test-upstream.log" || rc=$?
+  return $rc
+}
+
+# upstream_tests builds and tests the user's build; the first failing step
+# ends it with that step's exit status.
+upstream_tests() {
+  local mod=-modfile=$UPSTREAM_MOD start=$SECONDS
+  mkdir -p "$RUN_DIR"
+  : >"$RUN_DIR/go-test-upstream.log"
+  use_tmpdir
+  rm -f "$TMPDIR/rmqtx-faultsuite-summary.txt"
+  echo "== upstream client: $(sed -n 's/^module *//p; s/^version *//p' third_party/rocketmq-client-go/UPSTREAM | paste -sd@), view $UPSTREAM_MOD, no -race"
+  upstream_step build "$mod" ./... || return
+  upstream_step vet "$mod" -tags failpoints ./... || return
+  upstream_step test "$mod" -short -tags failpoints -count=1 ./... || return
+  # shellcheck disable=SC2086
+  upstream_step test "$mod" -tags failpoints -count=1 -timeout 30m -skip "$UPSTREAM_SKIP" ${RMQTX_TEST_ARGS:-} \
+    ./txproducer/ ./checkback/ ./consumer/ ./outbox/ || return
+  # shellcheck disable=SC2086
+  upstream_step test "$mod" -tags failpoints -count=1 -timeout 30m -run '^TestCrashMatrix$' ${RMQTX_TEST_ARGS:-} ./faultsuite/ || return
+  summaries upstream
+  echo "== upstream client: passed in $((SECONDS - start)) s"
+}
+
+# go_tests runs the views in RMQTX_VIEWS, in that order, and stops at the
+# first that fails.
+go_tests() {
+  local view
+  for view in $VIEWS; do
+    case $view in
+      patched) patched_tests || return ;;
+      upstream) upstream_tests || return ;;
+      *) echo "test.sh: unknown view $view in RMQTX_VIEWS (patched, upstream)" >&2; return 2 ;;
+    esac
+  done
+}
+
+# upstream_view writes the upstream view (needs the module cache, or the
+# network once), unless the caller named one.
+upstream_view() {
+  if [[ -z ${RMQTX_UPSTREAM_MODFILE:-} && " $VIEWS " == *" upstream "* ]]; then
+    bash scripts/upstream-mod.sh >/dev/null
+  fi
 }
 
 inner() {
@@ -65,24 +150,27 @@ inner() {
     echo "== fuzz targets (${FUZZTIME:-30000x} each)"
     bash scripts/fuzz.sh || rc=$?
   fi
-  if [[ $rc == 0 ]]; then echo "== PASS: every test and fuzz target"; else echo "== FAIL (exit $rc); see $LOG"; fi
+  if [[ $rc == 0 ]]; then echo "== PASS: every test and fuzz target"; else echo "== FAIL (exit $rc); see $RUN_DIR/go-test*.log"; fi
   return $rc
 }
 
-# --go-only: only the Go suite, against services that already run (`make up`),
-# with no installs and no fuzzing. internal/testscript runs it with a fake go
-# binary (RMQTX_GO) to prove that a failure is never turned green.
+# --go-only: only the Go suite (both views), against services that already
+# run (`make up`), with no installs and no fuzzing. internal/testscript runs
+# it with a fake go binary (RMQTX_GO) to prove that a failure is never turned
+# green.
 if [[ ${1:-} == --go-only ]]; then
   rc=0
+  upstream_view
   go_tests || rc=$?
-  if [[ $rc == 0 ]]; then echo "== PASS: every test"; else echo "== FAIL (exit $rc); see $LOG"; fi
+  if [[ $rc == 0 ]]; then echo "== PASS: every test"; else echo "== FAIL (exit $rc); see $RUN_DIR/go-test*.log"; fi
   exit $rc
 fi
 
 if [[ ${1:-} == --inner ]]; then
   ip link set lo up
   export RMQTX_RUN_DIR=${RMQTX_RUN_DIR:-$PWD/.run/netns}
-  LOG=$RMQTX_RUN_DIR/go-test.log
+  RUN_DIR=$RMQTX_RUN_DIR
+  LOG=$RUN_DIR/go-test.log
   trap 'bash scripts/services.sh down >/dev/null 2>&1 || true' EXIT
   inner
   exit
@@ -92,6 +180,7 @@ fi
 bash scripts/services.sh install
 go mod download
 bash scripts/client-patch.sh check
+upstream_view
 bash scripts/promtool.sh >/dev/null
 bash scripts/interop-java.sh >/dev/null
 go build -tags failpoints ./... >/dev/null

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/testenv"
@@ -35,13 +36,24 @@ func TestMigrationsEmbedded(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(b), "CREATE TABLE IF NOT EXISTS {{table}}")
 	require.Equal(t, map[string]string{"{{table}}": "svc_txlog"}, names)
+	pg, _, err := txlog.Migrations("postgres", "svc_")
+	require.NoError(t, err)
+	b, err = fs.ReadFile(pg, "001_create_txlog.sql")
+	require.NoError(t, err)
+	require.Contains(t, string(b), "CREATE TABLE IF NOT EXISTS {{table}}")
 	_, _, err = txlog.Migrations("oracle", "svc_")
 	require.ErrorIs(t, err, txlog.ErrInvalid, "a dialect with no migrations is refused")
 }
 
+// setup is a store on a fresh MariaDB database, for the tests of
+// go-sql-driver DSN settings; setupOn takes the database (testenv.EachDB).
 func setup(t *testing.T) *txlog.Store {
 	t.Helper()
-	db := testenv.DB(t)
+	return setupOn(t, testenv.MySQLDB(t))
+}
+
+func setupOn(t *testing.T, db *sqlx.DB) *txlog.Store {
+	t.Helper()
 	s, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -56,7 +68,11 @@ func committed(id string) txlog.Row {
 
 func TestInsertVisibleOnlyAtCommit(t *testing.T) {
 	t.Parallel()
-	s := setup(t)
+	testenv.EachDB(t, testInsertVisibleOnlyAtCommit)
+}
+
+func testInsertVisibleOnlyAtCommit(t *testing.T, db *sqlx.DB) {
+	s := setupOn(t, db)
 	ctx := context.Background()
 	tx, err := s.DB().BeginTxx(ctx, nil)
 	require.NoError(t, err)
@@ -83,7 +99,11 @@ func TestInsertVisibleOnlyAtCommit(t *testing.T) {
 // returns the local outcome.
 func TestFenceWaitsForInFlightTransaction(t *testing.T) {
 	t.Parallel()
-	s := setup(t)
+	testenv.EachDB(t, testFenceWaitsForInFlightTransaction)
+}
+
+func testFenceWaitsForInFlightTransaction(t *testing.T, db *sqlx.DB) {
+	s := setupOn(t, db)
 	for _, commit := range []bool{true, false} {
 		ctx := context.Background()
 		id := "f-" + testenv.RandSuffix(8)
@@ -103,9 +123,7 @@ func TestFenceWaitsForInFlightTransaction(t *testing.T) {
 		}()
 		// Wait until the fence's INSERT is really blocked on the lock.
 		testenv.Eventually(t, 10*time.Second, "fence blocked on the row lock", func() bool {
-			var n int
-			_ = s.DB().Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND INFO LIKE 'INSERT IGNORE INTO%'")
-			return n > 0
+			return blockedInserts(s.DB()) > 0
 		})
 		select {
 		case r := <-done:
@@ -133,7 +151,11 @@ func TestFenceWaitsForInFlightTransaction(t *testing.T) {
 // A local transaction that starts after the fence fails on the duplicate key.
 func TestLocalTransactionLosesToFence(t *testing.T) {
 	t.Parallel()
-	s := setup(t)
+	testenv.EachDB(t, testLocalTransactionLosesToFence)
+}
+
+func testLocalTransactionLosesToFence(t *testing.T, db *sqlx.DB) {
+	s := setupOn(t, db)
 	ctx := context.Background()
 	row, fenced, err := s.Fence(ctx, txlog.Row{EventID: "late", ProducerGroup: "g"})
 	require.NoError(t, err)
@@ -153,7 +175,11 @@ func TestLocalTransactionLosesToFence(t *testing.T) {
 
 func TestListCountMarkAndDelete(t *testing.T) {
 	t.Parallel()
-	s := setup(t)
+	testenv.EachDB(t, testListCountMarkAndDelete)
+}
+
+func testListCountMarkAndDelete(t *testing.T, db *sqlx.DB) {
+	s := setupOn(t, db)
 	ctx := context.Background()
 	old := time.Now().UTC().Add(-48 * time.Hour)
 	for i := 0; i < 7; i++ {

@@ -3,8 +3,7 @@ package txproducer
 import (
 	"context"
 	"fmt"
-	"net"
-	"slices"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"strings"
 	"time"
 
@@ -40,11 +39,6 @@ type Config struct {
 	// NameServers lists name server addresses (host:port). Required; the
 	// client's default resolver (an HTTP lookup) is never used.
 	NameServers []string
-	// NameServer is the old spelling of NameServers; WithDefaults copies it
-	// into an empty NameServers, and New rejects the two set differently.
-	//
-	// Deprecated: use NameServers.
-	NameServer []string
 	// Group is the transactional producer group. Required. Use it for this
 	// producer only: the broker sends checks to any live member of the
 	// group, and a normal producer sharing it collides (client #998).
@@ -166,9 +160,6 @@ type TestHooks struct {
 
 // WithDefaults returns a copy of c with defaults filled in.
 func (c Config) WithDefaults() Config {
-	if len(c.NameServers) == 0 {
-		c.NameServers = c.NameServer
-	}
 	if c.InstanceName == "" && c.Group != "" {
 		c.InstanceName = c.Group + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 	}
@@ -205,22 +196,12 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-var groupRE = topicRE
-
 func (c Config) validate() error {
-	if len(c.NameServer) > 0 && !slices.Equal(c.NameServer, c.NameServers) {
-		return wrapf(ErrConfig, "NameServer (deprecated) and NameServers are both set and differ; set NameServers only")
+	if err := rmqname.NameServers(c.NameServers); err != nil {
+		return wrapf(ErrConfig, "NameServers %v", err)
 	}
-	if len(c.NameServers) == 0 {
-		return wrapf(ErrConfig, "NameServers is required")
-	}
-	for _, a := range c.NameServers {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return wrapf(ErrConfig, "NameServers: %q: want host:port", a)
-		}
-	}
-	if !groupRE.MatchString(c.Group) {
-		return wrapf(ErrConfig, "Group %q: want [%%|a-zA-Z0-9_-]{1,127}", c.Group)
+	if err := rmqname.Group(c.Group); err != nil {
+		return wrapf(ErrConfig, "Group %v", err)
 	}
 	if c.DB == nil && c.Log == nil {
 		return wrapf(ErrConfig, "DB is required")
@@ -235,8 +216,8 @@ func (c Config) validate() error {
 		return wrapf(ErrConfig, "MaxPayloadBytes %d is above the broker's default 4 MiB message limit", c.MaxPayloadBytes)
 	}
 	for _, t := range c.WarmupTopics {
-		if !topicRE.MatchString(t) {
-			return wrapf(ErrConfig, "WarmupTopics: bad topic %q", t)
+		if err := rmqname.Topic(t); err != nil {
+			return wrapf(ErrConfig, "WarmupTopics %v", err)
 		}
 	}
 	return nil

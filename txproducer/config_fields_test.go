@@ -22,7 +22,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	configtest.FieldErrors(t, "txproducer: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"NameServers", func(c *Config) { c.NameServers = nil }},
 		{"NameServers", func(c *Config) { c.NameServers = []string{"nope"} }},
-		{"NameServer", func(c *Config) { c.NameServer = []string{"127.0.0.1:9877"} }},
 		{"Group", func(c *Config) { c.Group = "" }},
 		{"Group", func(c *Config) { c.Group = "a b" }},
 		{"DB", func(c *Config) { c.DB = nil }},
@@ -31,18 +30,4 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"MaxPayloadBytes", func(c *Config) { c.MaxPayloadBytes = 5 << 20 }},
 		{"WarmupTopics", func(c *Config) { c.WarmupTopics = []string{"a b"} }},
 	})
-}
-
-// The deprecated NameServer still works alone and agrees with NameServers
-// when both are set alike.
-func TestDeprecatedNameServerIsMerged(t *testing.T) {
-	t.Parallel()
-	ns := []string{"127.0.0.1:9876"}
-	c := Config{NameServer: ns, Group: "g", DB: sqlx.NewDb(nil, "mysql")}
-	p, err := New(c)
-	require.NoError(t, err)
-	require.Equal(t, ns, p.cfg.NameServers)
-	c.NameServers = []string{"127.0.0.1:9876"}
-	_, err = New(c)
-	require.NoError(t, err)
 }

@@ -39,7 +39,9 @@
 // an ERROR) and a heartbeat to every broker of the warm-up topics right
 // after them (the client's own comes 1 s after Start, then every 30 s; a
 // warm-up that ended later left the instance unknown to the brokers for
-// 30 s). The upstream client never stops its check goroutine (one goroutine
+// 30 s); a heartbeat to a broker that restarts, as soon as it accepts
+// connections again (a restarted broker knows no producer, and the client
+// heartbeats only every 30 s; see Config.BrokerWatchInterval). The upstream client never stops its check goroutine (one goroutine
 // per producer lifecycle); rmqtx no longer closes the client's private
 // channel by reflection, which raced with a check being handed over. The
 // patched client in third_party/rocketmq-client-go (PATCHES.md, patch 2)

@@ -3,7 +3,7 @@ package txproducer
 import (
 	"context"
 	"fmt"
-	"regexp"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"strings"
 	"unicode/utf8"
 
@@ -86,9 +86,6 @@ type Result struct {
 	Duplicate bool
 }
 
-// RocketMQ's topic rule: [%|a-zA-Z0-9_-], at most 127 characters.
-var topicRE = regexp.MustCompile(`^[%|a-zA-Z0-9_-]{1,127}$`)
-
 const maxPropertiesLen = 32000 // RocketMQ encodes the properties length as a short
 
 func checkToken(field, v string, max int) error {
@@ -109,8 +106,8 @@ func checkToken(field, v string, max int) error {
 // validate checks m against the producer's limits; env is the envelope
 // with the event id assigned.
 func validate(m Message, env envelope.Envelope, maxPayload int) error {
-	if !topicRE.MatchString(m.Topic) {
-		return wrapf(ErrInvalidMessage, "topic %q: want [%%|a-zA-Z0-9_-]{1,127}", m.Topic)
+	if err := rmqname.Topic(m.Topic); err != nil {
+		return wrapf(ErrInvalidMessage, "topic %v", err)
 	}
 	if strings.HasPrefix(m.Topic, "RMQ_SYS_") || m.Topic == "TRANS_CHECK_MAX_TIME_TOPIC" || strings.HasPrefix(m.Topic, "%RETRY%") || strings.HasPrefix(m.Topic, "%DLQ%") {
 		return wrapf(ErrInvalidMessage, "topic %q is a system topic", m.Topic)

@@ -26,6 +26,7 @@ import (
 // cannot bind; faultsuite and clustersuite use other ports.
 const (
 	envPrivateMySQLPort   = "RMQTX_TXPRODUCER_MYSQL_PORT"   // default 16307
+	envPrivatePGPort      = "RMQTX_TXPRODUCER_PG_PORT"      // default 16433
 	envPrivateNamesrvPort = "RMQTX_TXPRODUCER_NAMESRV_PORT" // default 16876
 	envPrivateBrokerPort  = "RMQTX_TXPRODUCER_BROKER_PORT"  // default 17911
 	// envPrivateKeep set to 1 keeps the run folder (logs, stores) of a test
@@ -36,8 +37,8 @@ const (
 // privateBroker is a name server and broker of one test's own, started by
 // scripts/services.sh in a run folder of its own, so that the test can
 // freeze, kill and restart the broker without touching the shared one
-// (services.sh always starts a MariaDB beside them; the tests keep using the
-// shared database). The broker gets the test bed's broker.conf, as the
+// (services.sh starts its databases beside them; the tests keep using the
+// shared MariaDB). The broker gets the test bed's broker.conf, as the
 // shared one does.
 type privateBroker struct {
 	env        []string
@@ -64,10 +65,14 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 	require.NoError(t, err)
 	runDir, err := os.MkdirTemp("", "rmqtx-txproducer-")
 	require.NoError(t, err)
+	// services.sh runs some servers as their own system user (PostgreSQL
+	// refuses root), which must be able to enter the folder.
+	require.NoError(t, os.Chmod(runDir, 0o755))
 	b := &privateBroker{script: script, runDir: runDir, env: append(os.Environ(),
 		"RMQTX_RUN_DIR="+runDir,
 		"RMQTX_BROKERS=1",
 		"RMQTX_MYSQL_PORT="+envOrDefault(envPrivateMySQLPort, "16307"),
+		"RMQTX_PG_PORT="+envOrDefault(envPrivatePGPort, "16433"),
 		"RMQTX_NAMESRV_PORT="+envOrDefault(envPrivateNamesrvPort, "16876"),
 		"RMQTX_BROKER_PORT="+envOrDefault(envPrivateBrokerPort, "17911"),
 	)}

@@ -73,7 +73,7 @@ func New(cfg Config) (*Producer, error) {
 		db = store.DB()
 	}
 	checker, err := checkback.New(checkback.Config{
-		Log: halfLog{store}, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
+		Log: store, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
 		Resolver: cfg.Resolver, Metrics: cfg.Metrics, Logger: cfg.Logger, OnAnswer: cfg.OnCheck,
 		TracerProvider: cfg.TracerProvider,
 	})
@@ -212,6 +212,29 @@ type call struct {
 	// halfSp is the span of the half message's send, ended when the local
 	// transaction starts (or the send returns without running it).
 	halfSp otelx.Span
+}
+
+// Send publishes msg if and only if fn commits. See the package doc. The
+// Result's State tells committed, rolled back and unknown apart; err says
+// why when it is not committed (and wraps ErrLocalTx with fn's error).
+//
+// With Config.TracerProvider, Send is a span (otelx.SpanSend, a child of
+// ctx's span) whose context the message carries; fn runs inside the
+// local-transaction span.
+func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Result, error) {
+	if p.tr == nil {
+		return p.send(ctx, msg, fn)
+	}
+	ctx, sp := p.tr.Start(ctx, otelx.SpanSend, trace.SpanKindProducer,
+		otelx.Attrs{Destination: msg.Topic, Group: p.cfg.Group, EventID: msg.EventID, EventType: msg.EventType})
+	res, err := p.send(ctx, msg, fn)
+	sp.SetEvent(res.EventID, msg.EventType)
+	sp.SetMsgID(res.MsgID)
+	if res.Duplicate {
+		sp.SetReason("duplicate")
+	}
+	sp.End(res.State.String(), errType(err))
+	return res, err
 }
 
 // send is Send without its span (see tracing.go).
@@ -487,7 +510,7 @@ func (e *early) discard(stop context.CancelCauseFunc) {
 }
 
 // rowProperties is the JSON of the envelope properties plus the half's
-// UNIQ_KEY, which tells the checks which half committed (see halfLog).
+// UNIQ_KEY, which tells the checks which half committed (checkback.OtherHalf).
 func rowProperties(props map[string]string, half string) string {
 	if half != "" {
 		withHalf := make(map[string]string, len(props)+1)
@@ -546,7 +569,7 @@ func (p *Producer) duplicate(c *call) primitive.LocalTransactionState {
 	row, err := p.log.Get(ctx, c.row.EventID)
 	if err != nil {
 		// The row exists, so this half is not the one that committed it: a
-		// check answers ROLLBACK for it (halfLog). The caller learns the
+		// check answers ROLLBACK for it (checkback.OtherHalf). The caller learns the
 		// outcome by sending the same id again.
 		c.state, c.err = StateUnknown, fmt.Errorf("%w: event id exists, its row could not be read: %w", ErrCommitUnknown, err)
 		return primitive.RollbackMessageState
@@ -570,7 +593,7 @@ func (p *Producer) commitFailed(c *call, l logrus.FieldLogger, cerr error) primi
 		return primitive.UnkonwnState
 	}
 	if row.State == txlog.StateCommitted {
-		if b := committedHalf(row); b != "" && b != c.half {
+		if checkback.OtherHalf(row, c.half) {
 			// Our commit failed and another Send committed the id.
 			p.existing(c, row)
 			return primitive.RollbackMessageState
@@ -669,5 +692,5 @@ func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.
 			st = primitive.UnkonwnState
 		}
 	}()
-	return l.p.checker.Check(withHalf(context.Background(), m), m).Decision.LocalTransactionState()
+	return l.p.checker.Check(context.Background(), m).Decision.LocalTransactionState()
 }

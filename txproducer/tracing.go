@@ -1,7 +1,6 @@
 package txproducer
 
 import (
-	"context"
 	"errors"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
@@ -9,29 +8,6 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/otelx"
 )
-
-// Send publishes msg if and only if fn commits. See the package doc. The
-// Result's State tells committed, rolled back and unknown apart; err says
-// why when it is not committed (and wraps ErrLocalTx with fn's error).
-//
-// With Config.TracerProvider, Send is a span (otelx.SpanSend, a child of
-// ctx's span) whose context the message carries; fn runs inside the
-// local-transaction span.
-func (p *Producer) Send(ctx context.Context, msg Message, fn LocalTxFunc) (Result, error) {
-	if p.tr == nil {
-		return p.send(ctx, msg, fn)
-	}
-	ctx, sp := p.tr.Start(ctx, otelx.SpanSend, trace.SpanKindProducer,
-		otelx.Attrs{Destination: msg.Topic, Group: p.cfg.Group, EventID: msg.EventID, EventType: msg.EventType})
-	res, err := p.send(ctx, msg, fn)
-	sp.SetEvent(res.EventID, msg.EventType)
-	sp.SetMsgID(res.MsgID)
-	if res.Duplicate {
-		sp.SetReason("duplicate")
-	}
-	sp.End(res.State.String(), errType(err))
-	return res, err
-}
 
 // runLocalTraced is runLocal inside the local-transaction span; it ends the
 // half message's span first.

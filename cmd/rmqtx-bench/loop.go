@@ -30,6 +30,7 @@ func (l LoopResult) Round(index int) Round {
 	if len(l.Latencies) > 0 {
 		r.P50Ms = ms(Percentile(l.Latencies, 50))
 		r.P99Ms = ms(Percentile(l.Latencies, 99))
+		r.P999Ms = ms(Percentile(l.Latencies, 99.9))
 	}
 	return r
 }

@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -187,7 +188,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer env.Close(keep)
 	rep.Machine = ReadMachine(ctx, env.DB, brokerVer)
-	logf("run %s, database %s, %d cores", env.Names.Run(), env.DBName, rep.Machine.Cores)
+	rep.Machine.Client = clientVersion()
+	logf("run %s, database %s, %d cores, client %s", env.Names.Run(), env.DBName, rep.Machine.Cores, rep.Machine.Client)
 
 	failed := false
 	for _, name := range opt.Workloads {
@@ -285,6 +287,8 @@ func addRatios(w *Workload) {
 	case "producer":
 		w.AddRatio("rmqtx Send / raw tx producer (tx/s)", sideRmqtxSend, sideRawTx, targetProducer)
 		w.AddRatio("rmqtx Send / raw tx producer + txlog", sideRmqtxSend, sideRawTxLog, targetProducerTxLog)
+		w.AddRatio("Send, business-key id / raw tx producer", sideRmqtxKeyed, sideRawTx, targetProducer)
+		w.AddRatio("Send, business-key id / raw tx + txlog", sideRmqtxKeyed, sideRawTxLog, targetProducerTxLog)
 		w.AddRatio("rmqtx Send / raw SendSync ceiling (tx/s)", sideRmqtxSend, sideRawSendSync, 0)
 		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
 		w.AddRatio("rmqtx Send + tracing / rmqtx Send", sideRmqtxTraced, sideRmqtxSend, 0)
@@ -318,4 +322,24 @@ func rotate(sides []string, r int) []string {
 		out = append(out, sides[(i+r)%n])
 	}
 	return out
+}
+
+// clientVersion names the rocketmq-client-go this binary was built with,
+// from its module list: "upstream <version>", or "patched <version> =>
+// <dir>" when go.mod's replace selected the copy in third_party/.
+func clientVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown (no build info)"
+	}
+	for _, d := range bi.Deps {
+		if d.Path != "github.com/apache/rocketmq-client-go/v2" {
+			continue
+		}
+		if d.Replace != nil {
+			return "patched " + d.Version + " => " + d.Replace.Path
+		}
+		return "upstream " + d.Version
+	}
+	return "unknown (not in the module list)"
 }

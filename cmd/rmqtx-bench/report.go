@@ -55,6 +55,7 @@ type Round struct {
 	Rate    float64 `json:"rate"`             // Count / Seconds
 	P50Ms   float64 `json:"p50_ms,omitempty"` // per-operation latency, when measured
 	P99Ms   float64 `json:"p99_ms,omitempty"`
+	P999Ms  float64 `json:"p999_ms,omitempty"` // the 99.9th percentile
 	// Extra carries workload-specific figures (e.g. wall time including
 	// start-up) for the JSON only.
 	Extra map[string]float64 `json:"extra,omitempty"`
@@ -70,6 +71,7 @@ type Side struct {
 	Rate    float64 `json:"rate"`
 	P50Ms   float64 `json:"p50_ms,omitempty"`
 	P99Ms   float64 `json:"p99_ms,omitempty"`
+	P999Ms  float64 `json:"p999_ms,omitempty"`
 	Seconds float64 `json:"seconds"`
 	Errors  int64   `json:"errors"` // summed over the rounds
 	// Skipped says why the side did not run (e.g. a package not built yet).
@@ -81,7 +83,7 @@ func (s *Side) Summarize() {
 	if len(s.Rounds) == 0 {
 		return
 	}
-	var rates, p50, p99, secs []float64
+	var rates, p50, p99, p999, secs []float64
 	s.Errors = 0
 	for _, r := range s.Rounds {
 		rates = append(rates, r.Rate)
@@ -89,6 +91,7 @@ func (s *Side) Summarize() {
 		if r.P50Ms > 0 || r.P99Ms > 0 {
 			p50 = append(p50, r.P50Ms)
 			p99 = append(p99, r.P99Ms)
+			p999 = append(p999, r.P999Ms)
 		}
 		s.Errors += r.Errors
 	}
@@ -97,6 +100,7 @@ func (s *Side) Summarize() {
 	if len(p50) > 0 {
 		s.P50Ms = Median(p50)
 		s.P99Ms = Median(p99)
+		s.P999Ms = Median(p999)
 	}
 }
 
@@ -205,7 +209,11 @@ type Machine struct {
 	GoVersion     string `json:"go_version"`
 	OSArch        string `json:"os_arch"`
 	BrokerVersion string `json:"broker_version"`
-	DBVersion     string `json:"db_version"`
+	// Client is the rocketmq-client-go this binary links: the upstream
+	// module (what a service that imports rmqtx builds) or the patched copy
+	// that go.mod's replace selects (make bench: RMQTX_BENCH_CLIENT).
+	Client    string `json:"client"`
+	DBVersion string `json:"db_version"`
 	// DBFlush is the server's innodb_flush_log_at_trx_commit (1: durable,
 	// the default; 2: the test bed's).
 	DBFlush string `json:"db_flush_log_at_trx_commit,omitempty"`
@@ -286,6 +294,7 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "machine: %d cores (GOMAXPROCS %d), %.1f GiB, %s, %s, %s\n",
 		m.Cores, m.GOMAXPROCS, float64(m.MemoryBytes)/(1<<30), m.CPUModel, m.GoVersion, m.OSArch)
 	fmt.Fprintf(w, "services: RocketMQ %s, %s (innodb_flush_log_at_trx_commit=%s)\n", m.BrokerVersion, m.DBVersion, m.DBFlush)
+	fmt.Fprintf(w, "client: %s\n", m.Client)
 	if m.LoadStart != "" {
 		fmt.Fprintf(w, "load average: %s at the start, %s at the end\n", m.LoadStart, m.LoadEnd)
 	}
@@ -321,7 +330,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(w, "  ERROR: %s\n", wl.Error)
 		}
 		if len(wl.Sides) > 0 {
-			fmt.Fprintf(w, "  %-34s %12s %9s %9s %8s %6s  %s\n", "side", "rate (median)", "p50", "p99", "secs", "errors", "rounds")
+			fmt.Fprintf(w, "  %-34s %12s %9s %9s %9s %8s %6s  %s\n", "side", "rate (median)", "p50", "p99", "p99.9", "secs", "errors", "rounds")
 		}
 		for _, s := range wl.Sides {
 			if s.Skipped != "" {
@@ -332,8 +341,8 @@ func (r *Report) WriteTable(w io.Writer) {
 			for _, ro := range s.Rounds {
 				rr = append(rr, fmtRate(ro.Rate))
 			}
-			fmt.Fprintf(w, "  %-34s %12s %9s %9s %8.2f %6d  %s\n", s.Name,
-				fmtRate(s.Rate)+" "+s.Unit, fmtMs(s.P50Ms), fmtMs(s.P99Ms), s.Seconds, s.Errors, strings.Join(rr, " "))
+			fmt.Fprintf(w, "  %-34s %12s %9s %9s %9s %8.2f %6d  %s\n", s.Name,
+				fmtRate(s.Rate)+" "+s.Unit, fmtMs(s.P50Ms), fmtMs(s.P99Ms), fmtMs(s.P999Ms), s.Seconds, s.Errors, strings.Join(rr, " "))
 		}
 		for _, ra := range wl.Ratios {
 			target := ""

@@ -18,6 +18,10 @@ import (
 // benchEventType is the event type every workload publishes.
 const benchEventType = "BenchEvent"
 
+// sideRmqtxKeyed is the producer side of the README's recommended path: the
+// event id derived from a business key (issue 25).
+const sideRmqtxKeyed = "rmqtx Send, id from a business key"
+
 // propBenchID carries the event id on raw-side messages, as a service
 // without rmqtx would add its own id property.
 const propBenchID = "BENCH_ID"

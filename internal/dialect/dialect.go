@@ -31,7 +31,7 @@ import (
 // the whole statement through Rebind once, when they build it.
 type Dialect interface {
 	// Name names the dialect and the folder of each owner's migrations
-	// ("mysql").
+	// ("mysql", "postgres").
 	Name() string
 
 	// Rebind turns the "?" placeholders of query into the database's own.
@@ -139,6 +139,23 @@ type Dialect interface {
 	// (MySQL reads the statement's result; PostgreSQL scans the row its
 	// RETURNING clause gives).
 	ExecReturning(ctx context.Context, e ReturningExecer, query string, args ...any) (inserted bool, value int64, err error)
+
+	// IdleTransactionLimit bounds, on the server, how long a client that
+	// stopped (paused, partitioned, hung) keeps an open transaction and its
+	// row locks: no client-side deadline can, since the client is not
+	// running. set, run inside the transaction, makes the server end the
+	// session (rolling the transaction back) once it has waited longer than
+	// limit for the client's next statement; reset, run on the same
+	// connection once the transaction has ended, undoes it ("" when set ends
+	// with the transaction). Neither has placeholders. PostgreSQL:
+	//	SET LOCAL idle_in_transaction_session_timeout = <milliseconds>; reset ""
+	IdleTransactionLimit(limit time.Duration) (set, reset string)
+
+	// SHA256Hex is an expression for the SHA-256 digest of the bytes of
+	// expr (a binary column), as 64 lower-case hex characters: what
+	// wire.Hash computes in Go, for comparing a stored payload with its
+	// stored hash inside a query. PostgreSQL: encode(sha256(expr), 'hex').
+	SHA256Hex(expr string) string
 }
 
 // ReturningExecer runs an UpsertReturning statement for ExecReturning: as a
@@ -153,7 +170,7 @@ type ReturningExecer interface {
 // ErrUnsupported is wrapped when a database handle's driver has no dialect.
 var ErrUnsupported = errors.New("dialect: unsupported database driver")
 
-// For returns the dialect of db, chosen by its driver name ("mysql").
+// For returns the dialect of db, chosen by its driver name ("mysql", "pgx").
 func For(db *sqlx.DB) (Dialect, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil database", ErrUnsupported)
@@ -161,13 +178,17 @@ func For(db *sqlx.DB) (Dialect, error) {
 	return ForDriver(db.DriverName())
 }
 
-// ForDriver returns the dialect for a database/sql driver name.
+// ForDriver returns the dialect for a database/sql driver name: "mysql"
+// (go-sql-driver/mysql) or "pgx" and "pgx/v5" (pgx's stdlib driver, the one
+// PostgreSQL is tested with).
 func ForDriver(driver string) (Dialect, error) {
 	switch driver {
 	case "mysql":
 		return MySQL, nil
+	case "pgx", "pgx/v5":
+		return Postgres, nil
 	}
-	return nil, fmt.Errorf("%w: %q (rmqtx supports mysql)", ErrUnsupported, driver)
+	return nil, fmt.Errorf("%w: %q (rmqtx supports mysql and pgx)", ErrUnsupported, driver)
 }
 
 // Must is For for handles already validated by For (Config validation): it
@@ -195,4 +216,4 @@ func BeginReadCommitted(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {
 
 // All lists every dialect rmqtx supports, for classifiers that see an
 // error without its database (txlog.IsDuplicateKey).
-func All() []Dialect { return []Dialect{MySQL} }
+func All() []Dialect { return []Dialect{MySQL, Postgres} }

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -167,4 +169,21 @@ func (mysqlDialect) ExecReturning(ctx context.Context, e ReturningExecer, query 
 		return false, id, nil
 	}
 	return false, 0, fmt.Errorf("dialect: upsert: %d rows affected, want 1 or 2", n)
+}
+
+// IdleTransactionLimit uses the session's wait_timeout, which the server
+// applies to every wait for the client's next statement, in a transaction or
+// not (MariaDB's idle_transaction_timeout would serve too; MySQL has none).
+// set keeps the session's own value in a user variable, and reset restores
+// it, so a pooled connection goes back to its pool as it came.
+func (mysqlDialect) IdleTransactionLimit(limit time.Duration) (string, string) {
+	secs := max(int64(math.Ceil(limit.Seconds())), 1) // whole seconds, at least 1
+	return "SET @rmqtx_wait_timeout = @@SESSION.wait_timeout, SESSION wait_timeout = " + strconv.FormatInt(secs, 10),
+		"SET SESSION wait_timeout = @rmqtx_wait_timeout"
+}
+
+// SHA256Hex converts SHA2's result, in the connection's character set, to
+// ASCII so it compares with an ASCII hash column whatever that set is.
+func (mysqlDialect) SHA256Hex(expr string) string {
+	return "CONVERT(SHA2(" + expr + ", 256) USING ascii)"
 }

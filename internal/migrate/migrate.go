@@ -3,8 +3,9 @@
 // is a Part with files named NNN_description.sql for the database's
 // dialect, placeholders such as {{table}} or {{prefix}} replaced by
 // validated names. Applied versions are recorded per part in one version
-// table, and concurrent runs are serialized with the dialect's named lock,
-// so several processes may migrate at start-up. schema.MigrateAll is the
+// table, each file with its version in one transaction, and concurrent runs
+// are serialized with the dialect's named lock (held by the session across
+// those transactions), so several processes may migrate at start-up. schema.MigrateAll is the
 // only caller outside the owners' own tests.
 package migrate
 
@@ -175,14 +176,34 @@ func runPart(ctx context.Context, conn *sqlx.Conn, d dialect.Dialect, versionTab
 		if done[m.Version] {
 			continue
 		}
-		for _, stmt := range Statements(m.SQL, r) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("%s: %w", m.Name, err)
-			}
+		if err := apply(ctx, conn, m, Statements(m.SQL, r), record, p.Name); err != nil {
+			return err
 		}
-		if _, err := conn.ExecContext(ctx, record, p.Name, m.Version, m.Name); err != nil {
-			return fmt.Errorf("%s: record version: %w", m.Name, err)
+	}
+	return nil
+}
+
+// apply runs one migration file and records its version in one
+// transaction. Where DDL is transactional (PostgreSQL) a failed file leaves
+// nothing behind and a file is never recorded without its effect; where
+// DDL commits implicitly (MySQL) the transaction adds nothing, and the
+// files' IF NOT EXISTS make running a half-applied file again safe.
+func apply(ctx context.Context, conn *sqlx.Conn, m Migration, stmts []string, record, part string) error {
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%s: begin: %w", m.Name, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	for _, stmt := range stmts {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("%s: %w", m.Name, err)
 		}
+	}
+	if _, err := tx.ExecContext(ctx, record, part, m.Version, m.Name); err != nil {
+		return fmt.Errorf("%s: record version: %w", m.Name, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", m.Name, err)
 	}
 	return nil
 }

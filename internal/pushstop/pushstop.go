@@ -398,5 +398,3 @@ func field(t reflect.Type, name string, k reflect.Kind) int {
 	}
 	return f.Index[0]
 }
-
-func (g *Gate) Running() int { g.mu.Lock(); defer g.mu.Unlock(); return g.running }

@@ -10,6 +10,7 @@ package rmqlog
 
 import (
 	"io"
+	"reflect"
 	"sync"
 	"sync/atomic"
 
@@ -88,10 +89,25 @@ func setAdapter() { once.Do(func() { rlog.SetLogger(adapter{}) }) }
 
 // Install routes rlog to l (quiet when nil). The client's logger is global,
 // so only the first call in a process takes effect; later producers and
-// consumers reuse it. Call Route to replace it deliberately.
+// consumers reuse it. A later call with a different logger says so on that
+// logger, once per call, at Info: its component's Logger does not receive
+// the client's lines, and observe.RouteClientLog (Route) chooses.
 func Install(l logrus.FieldLogger) {
-	current.CompareAndSwap(nil, &target{OrQuiet(l)})
 	setAdapter()
+	if current.CompareAndSwap(nil, &target{OrQuiet(l)}) || l == nil {
+		return
+	}
+	if t := current.Load(); t != nil && !same(t.l, l) {
+		l.Info("rmqtx: rocketmq-client-go's log lines go to the logger of the first rmqtx component started in this process, " +
+			"not to this one; call observe.RouteClientLog to choose")
+	}
+}
+
+// same reports whether a and b are the same logger, without comparing
+// values whose type cannot be compared.
+func same(a, b logrus.FieldLogger) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
 }
 
 // Route replaces the client's global logger unconditionally, safely while

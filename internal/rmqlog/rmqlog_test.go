@@ -280,3 +280,22 @@ func TestRouteWhileLogging(t *testing.T) {
 	requireNoCard(t, hook.AllEntries())
 	requireNoCard(t, hook2.AllEntries())
 }
+
+// TestInstallSaysWhenALoggerIsNotTheClients: the client's logger is
+// process-wide; a component whose Logger does not get the client's lines
+// is told so on that Logger, and the one that does is not.
+func TestInstallSaysWhenALoggerIsNotTheClients(t *testing.T) {
+	first, firstHook := test.NewNullLogger()
+	first.SetLevel(logrus.DebugLevel)
+	second, secondHook := test.NewNullLogger()
+	rmqlog.Route(first)
+	t.Cleanup(func() { rmqlog.Route(nil) })
+
+	rmqlog.Install(first)
+	require.Empty(t, firstHook.AllEntries(), "the client's own logger is not warned")
+	rmqlog.Install(second)
+	require.Len(t, secondHook.AllEntries(), 1)
+	require.Contains(t, secondHook.LastEntry().Message, "RouteClientLog")
+	rmqlog.Install(nil)
+	require.Len(t, secondHook.AllEntries(), 1, "a quiet component is not told")
+}

@@ -12,5 +12,5 @@
 // the end of Verify with a positive number of committed events.
 //
 // It is test support: only the suites' tests import it, never library code
-// (guard_test.go enforces that).
+// (TestLibraryCodeDoesNotImportTestSupport enforces that).
 package testbed

@@ -24,10 +24,11 @@ type SuiteConfig struct {
 	// and names the temp folder and the summary file.
 	Name string
 	// EnvPrefix names the variables that override the private ports:
-	// <EnvPrefix>_MYSQL_PORT, _NAMESRV_PORT and _BROKER_PORT.
+	// <EnvPrefix>_MYSQL_PORT, _PG_PORT, _NAMESRV_PORT and _BROKER_PORT.
 	EnvPrefix string
-	// Default ports of the private MariaDB, name server and (first) broker.
-	MySQLPort, NamesrvPort, BrokerPort int
+	// Default ports of the private MariaDB, PostgreSQL (services.sh starts
+	// one too), name server and (first) broker.
+	MySQLPort, PGPort, NamesrvPort, BrokerPort int
 	// Brokers is 1, or 2 for broker-a and broker-b (broker-b listens 100
 	// above broker-a).
 	Brokers int
@@ -180,9 +181,9 @@ func (s *Suite) newServices() (*Services, error) {
 			return nil, err
 		}
 	}
-	ports := map[string]int{"MYSQL": s.cfg.MySQLPort, "NAMESRV": s.cfg.NamesrvPort, "BROKER": s.cfg.BrokerPort}
+	ports := map[string]int{"MYSQL": s.cfg.MySQLPort, "PG": s.cfg.PGPort, "NAMESRV": s.cfg.NamesrvPort, "BROKER": s.cfg.BrokerPort}
 	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+strconv.Itoa(s.cfg.Brokers))
-	for _, k := range []string{"MYSQL", "NAMESRV", "BROKER"} {
+	for _, k := range []string{"MYSQL", "PG", "NAMESRV", "BROKER"} {
 		p, err := envOr(s.cfg.EnvPrefix+"_"+k+"_PORT", ports[k])
 		if err != nil {
 			return nil, err
@@ -247,6 +248,12 @@ func (s *Suite) Main(m *testing.M) int {
 			return 1
 		}
 		if err := os.Setenv(k, exp[k]); err != nil {
+			fmt.Fprintln(os.Stderr, name+":", err)
+			return 1
+		}
+	}
+	if exp["RMQTX_PG_DSN"] != "" {
+		if err := os.Setenv("RMQTX_PG_DSN", exp["RMQTX_PG_DSN"]); err != nil {
 			fmt.Fprintln(os.Stderr, name+":", err)
 			return 1
 		}

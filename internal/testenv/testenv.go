@@ -1,5 +1,5 @@
-// Package testenv gives integration tests a real MariaDB and a real RocketMQ,
-// as started by scripts/services.sh. Each test gets a fresh database and
+// Package testenv gives integration tests a real MariaDB, a real PostgreSQL
+// and a real RocketMQ, as started by scripts/services.sh. Each test gets a fresh database and
 // unique topic and group names. Missing services make a test FAIL with a
 // message that says how to start them; only `go test -short` skips.
 package testenv
@@ -26,7 +26,8 @@ import (
 
 // HowToStart is printed when a service cannot be reached.
 const HowToStart = "start the local services with `make up` (or `scripts/services.sh up`); " +
-	"settings come from RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER, RMQTX_MYSQL_PASSWORD, RMQTX_NAMESRV and RMQTX_BROKER; " +
+	"settings come from RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER, RMQTX_MYSQL_PASSWORD, RMQTX_PG_DSN, RMQTX_NAMESRV and RMQTX_BROKER " +
+	"(`eval \"$(scripts/services.sh env)\"`); " +
 	"use `go test -short` to run only the unit tests"
 
 // Settings are the connection settings (see package localenv).
@@ -99,9 +100,22 @@ func Name(t testing.TB, kind string) string {
 	return strings.Trim(fmt.Sprintf("rmqtx_%s_%s_%s", kind, base, RandSuffix(8)), "_")
 }
 
-// DB returns a connection pool to a fresh database that is dropped when the
-// test ends.
+// DB returns a connection pool to a fresh MariaDB database that is dropped
+// when the test ends; with RMQTX_TEST_DB=postgres, a fresh PostgreSQL
+// database instead (PostgresDB), to run a suite not yet written for both
+// databases against PostgreSQL by hand. Tests that hold for both databases
+// use EachDB.
 func DB(t testing.TB) *sqlx.DB {
+	t.Helper()
+	if os.Getenv(EnvTestDB) == DBPostgres {
+		return PostgresDB(t)
+	}
+	return MySQLDB(t)
+}
+
+// MySQLDB returns a connection pool to a fresh MariaDB database that is
+// dropped when the test ends.
+func MySQLDB(t testing.TB) *sqlx.DB {
 	t.Helper()
 	s := Integration(t)
 	name := "rmqtx_t_" + RandSuffix(12)
@@ -138,8 +152,12 @@ func DB(t testing.TB) *sqlx.DB {
 // DBName returns the name of the database db is connected to.
 func DBName(t testing.TB, db *sqlx.DB) string {
 	t.Helper()
+	q := "SELECT DATABASE()"
+	if db.DriverName() != "mysql" {
+		q = "SELECT current_database()"
+	}
 	var name string
-	if err := db.Get(&name, "SELECT DATABASE()"); err != nil {
+	if err := db.Get(&name, q); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	return name

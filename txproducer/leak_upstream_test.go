@@ -1,0 +1,103 @@
+package txproducer_test
+
+import (
+	"context"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/txproducer"
+)
+
+// patchedClient reports whether this binary links the patched
+// rocketmq-client-go (go.mod's replace, third_party/) or the upstream one,
+// which is what a service that imports rmqtx builds
+// (scripts/upstream-mod.sh). A test binary carries no module list, so it
+// asks where the client's code was compiled from: the upstream module's
+// path carries its version (...@v2.1.3-...), a replace directory does not.
+func patchedClient(t *testing.T) bool {
+	t.Helper()
+	fn := runtime.FuncForPC(reflect.ValueOf(producer.NewTransactionProducer).Pointer())
+	require.NotNil(t, fn)
+	file, _ := fn.FileLine(fn.Entry())
+	require.Contains(t, file, "producer", "cannot tell where the client was compiled from")
+	return !strings.Contains(file, "rocketmq-client-go/v2@")
+}
+
+// TestLifecycleLeak measures what a producer's Start and Shutdown leave
+// behind, over 100 lifecycles in one process. The upstream client's
+// transactional producer ranges over a channel that nothing closes, so its
+// check goroutine, and what it references, outlives Shutdown; patch 2
+// (third_party/rocketmq-client-go/PATCHES.md) ends it. On the patched client
+// nothing may stay; on the upstream one exactly one check goroutine per
+// lifecycle, and no other goroutine per lifecycle, stays. The heap retained per lifecycle
+// is logged for the README (not parallel: it counts goroutines and heap
+// process-wide).
+func TestLifecycleLeak(t *testing.T) {
+	b := setup(t, 1)
+	patched := patchedClient(t)
+	cfg := b.config()
+	cfg.WarmupTopics = nil // not needed to start the check goroutine
+	ctx := context.Background()
+	lifecycle := func() {
+		p, err := txproducer.New(cfg)
+		require.NoError(t, err)
+		require.NoError(t, p.Start(ctx))
+		require.NoError(t, p.Shutdown(ctx))
+	}
+	// memory is the heap in use after a collection plus the goroutine
+	// stacks: a retained goroutine holds both.
+	memory := func() (heap, stacks int64) {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc), int64(m.StackInuse)
+	}
+	// One lifecycle first: what the client sets up once per process (its
+	// client table, logger, pools) is not per lifecycle.
+	lifecycle()
+	expectLoops := 0
+	if !patched {
+		expectLoops = 1
+	}
+	loops0 := checkLoops()
+	testenv.Eventually(t, 30*time.Second, "the first lifecycle's goroutines to end", func() bool {
+		return checkLoops() == loops0
+	})
+	g0 := runtime.NumGoroutine()
+	h0, s0 := memory()
+
+	const lifecycles = 100
+	for range lifecycles {
+		lifecycle()
+	}
+	wantLoops := loops0 + expectLoops*lifecycles
+	// The client's goroutines end a moment after Shutdown returns. The
+	// process's other goroutines (the test's collector, the database pool)
+	// come and go by a few: a slack of 10 is far below one per lifecycle.
+	const slack = 10
+	testenv.Eventually(t, 30*time.Second, "only the expected goroutines to stay", func() bool {
+		return checkLoops() == wantLoops && runtime.NumGoroutine()-g0 <= expectLoops*lifecycles+slack
+	})
+	retained := runtime.NumGoroutine() - g0
+	h1, s1 := memory()
+	heapPer, stackPer := (h1-h0)/lifecycles, (s1-s0)/lifecycles
+	perLifecycle := heapPer + stackPer
+	client := "patched"
+	if !patched {
+		client = "upstream"
+	}
+	t.Logf("COUNTS lifecycle leak (%s client): lifecycles=%d check_goroutines_retained=%d goroutines_retained=%d retained_per_lifecycle: heap=%d B stacks=%d B",
+		client, lifecycles, checkLoops()-loops0, retained, heapPer, stackPer)
+	require.Equal(t, expectLoops*lifecycles, checkLoops()-loops0)
+	// The README's bound for the upstream client: measured about 17 KiB per
+	// lifecycle (a goroutine's stack and the producer it references).
+	require.Less(t, perLifecycle, int64(64<<10), "memory retained per lifecycle")
+}

@@ -62,10 +62,20 @@ var (
 	ErrRetentionTooShort error = retentionTooShort{}
 )
 
-type retentionTooShort struct{}
+type retentionTooShort struct{ detail string }
 
-func (retentionTooShort) Error() string        { return "archive: retention shorter than the safe minimum" }
-func (retentionTooShort) Is(target error) bool { return target == ErrConfig }
+func (e retentionTooShort) Error() string {
+	if e.detail == "" {
+		return "archive: invalid config: retention shorter than the safe minimum"
+	}
+	return "archive: invalid config: " + e.detail
+}
+
+// Is makes every retention error match ErrRetentionTooShort and ErrConfig.
+func (retentionTooShort) Is(target error) bool {
+	_, ok := target.(retentionTooShort)
+	return ok || target == ErrConfig
+}
 
 // Config configures an Archiver.
 type Config struct {
@@ -160,12 +170,12 @@ func (c Config) validate() error {
 		{"DeadLetterRetention", c.DeadLetterRetention, MinDeadLetterRetention},
 	} {
 		if r.got < r.min {
-			return fmt.Errorf("%w: %s %s < %s", ErrRetentionTooShort, r.name, r.got, r.min)
+			return retentionTooShort{fmt.Sprintf("%s %s is below the safe minimum %s", r.name, r.got, r.min)}
 		}
 	}
 	if c.ConsumeLogRetention < c.DeadLetterRetention {
-		return fmt.Errorf("%w: ConsumeLogRetention %s < DeadLetterRetention %s: a dead letter replayed late would miss its dedup row",
-			ErrRetentionTooShort, c.ConsumeLogRetention, c.DeadLetterRetention)
+		return retentionTooShort{fmt.Sprintf("DeadLetterRetention %s is above ConsumeLogRetention %s: a dead letter replayed late would miss its dedup row",
+			c.DeadLetterRetention, c.ConsumeLogRetention)}
 	}
 	return nil
 }

@@ -173,7 +173,7 @@ func TestComposePostgresProfile(t *testing.T) {
 	cmd := strings.Join(pg.Command, " ")
 	require.Contains(t, cmd, "listen_addresses=127.0.0.1")
 	require.Contains(t, cmd, "-p "+scriptDefault(t, script, "PG_PORT"))
-	for _, setting := range []string{"fsync=off", "full_page_writes=off", "synchronous_commit=on", "max_connections=400"} {
+	for _, setting := range []string{"fsync=off", "full_page_writes=off", "synchronous_commit=on", "max_connections=400", "timezone=UTC"} {
 		require.Contains(t, cmd, setting)
 		require.Contains(t, script, "-c "+setting, "services.sh starts its server with %s too", setting)
 	}

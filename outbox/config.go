@@ -50,7 +50,11 @@ type Config struct {
 	PollInterval time.Duration
 	// LeaseDuration is how long a claimed row belongs to this dispatcher.
 	// After it, another dispatcher may take the row over and send it again.
-	// Default 30s. Keep it well above SendTimeout.
+	// With a BatchSink it bounds a held claim instead: its transaction ends
+	// (rolled back, if not committed by then) LeaseDuration after the claim,
+	// and the server ends the session of a dispatcher that left it idle that
+	// long (a paused or partitioned process). Default 30s. Keep it well
+	// above SendTimeout.
 	LeaseDuration time.Duration
 	// SendTimeout bounds one Sink.Send. Default LeaseDuration/3.
 	SendTimeout time.Duration

@@ -50,9 +50,9 @@ type Dispatcher struct {
 	aheadMax int               // most rows claimed beyond Concurrency
 	minClaim int               // fewest rows worth a claim while every sender is busy
 	sendEst  atomic.Int64      // estimated duration of one send (ns); 0 until measured
+	rescan   atomic.Bool       // an aggregate's next version may be claimable: scan PENDING from the start
 	// heldClaims counts the held claims not yet committed (batch sinks).
 	heldClaims atomic.Int64
-	rescan   atomic.Bool       // an aggregate's next version may be claimable: scan PENDING from the start
 
 	markMu     sync.Mutex
 	groups     map[string]*markGroup // by owner token: the claims not yet fully recorded
@@ -539,8 +539,10 @@ func (d *Dispatcher) sendUnit(sendCtx context.Context, u []claimedRow) {
 		outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msgs[i].Attempt, TookOver: r.tookOver}
 		logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msgs[i].Attempt})
 	}
-	var errs []error // nil: not sent
-	if d.waitedTooLong(u[0]) { // one claim: claimed at the same instant
+	// errs stays nil when the unit is not sent. Its rows were claimed at
+	// the same instant, so the first one tells whether they waited too long.
+	var errs []error
+	if d.waitedTooLong(u[0]) {
 		logs[0].WithField("rows", len(u)).Info("outbox: claimed rows waited too long for a sender; handed back unsent")
 	} else {
 		start := time.Now()

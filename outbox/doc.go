@@ -13,31 +13,42 @@
 //
 // The life of a row:
 //
-//	PENDING -> SENDING -> SENT
-//	              |
-//	            RETRY -> SENDING ...
-//	              |
-//	            DEAD
+//	PENDING -> SENT                 (batch sink: a held claim, one write)
+//	PENDING -> SENDING -> SENT      (any other sink: owner token and lease)
+//	   |          |
+//	 RETRY ...  RETRY -> ...
+//	   |          |
+//	 DEAD       DEAD
 //
-// Enqueue inserts a PENDING row inside the caller's transaction. A Dispatcher
-// claims a batch in a short transaction (SELECT ... FOR UPDATE SKIP LOCKED,
-// then UPDATE to SENDING with a fresh owner token and a lease), commits, and
-// only then sends. It marks the outcome with an update conditioned on its
-// owner token, so a dispatcher that lost its lease never overwrites the row's
-// newer owner. A row whose lease expired is taken over by any dispatcher.
-// Because "the broker has it" and "the row says SENT" are two systems, a crash
-// between them sends the event again: delivery is at least once and consumers
-// deduplicate by event id.
+// Enqueue inserts a PENDING row inside the caller's transaction. With a
+// BatchSink (RocketMQSink is one), a Dispatcher's claim is held: SELECT ...
+// FOR UPDATE SKIP LOCKED in a transaction that stays open while the rows
+// are sent, then each row's outcome (SENT, RETRY, DEAD) is written in that
+// transaction, which commits. There is no SENDING state: a crash or a lost
+// connection rolls the claim back and the rows are claimable at once, and
+// the claim sets the database's idle limit to LeaseDuration, so the server
+// ends the transaction of a dispatcher that stopped running (see held.go).
+// A held claim keeps one pooled connection of Config.DB until it commits;
+// a dispatcher holds at most four claims at once.
+// With any other Sink a claim is a short transaction (the same SELECT, then
+// UPDATE to SENDING with a fresh owner token and a lease) and the sends
+// follow its commit; the outcome is an update conditioned on the owner
+// token, so a dispatcher that lost its lease never overwrites the row's
+// newer owner, and a row whose lease expired is taken over by any
+// dispatcher. Either way, because "the broker has it" and "the row says
+// SENT" are two systems, a crash between them sends the event again:
+// delivery is at least once and consumers deduplicate by event id.
 //
 // Throughput: one goroutine claims while Config.Concurrency goroutines send.
 // Claimed rows wait in a small buffer bounded by what the senders get
 // through well inside the lease, so claims are large and overlap the sends.
 // A claim looks for PENDING rows every time; expired leases and due RETRY
 // rows once per PollInterval (and again while that look came back full).
-// Successful sends are marked SENT in one UPDATE per claim (conditioned on
-// the claim's owner token, as every outcome is), written when the claim's
-// rows are all finished or at most 10ms after the first of them; failures are
-// written row by row. The statements are prepared once per pooled
+// Successful sends are marked SENT in one UPDATE per claim: in the held
+// claim's transaction when the sender that finishes its last batch commits
+// it, or, with two writes, conditioned on the claim's owner token, when the
+// claim's rows are all finished or at most 10ms after the first of them.
+// Failures are written row by row. The statements are prepared once per pooled
 // connection (internal/stmtcache): one round trip each with any DSN.
 //
 // Batch sends: when the Sink is a BatchSink (RocketMQSink is), each claim's

@@ -246,7 +246,7 @@ func (s blockingBatch) wait(ctx context.Context, id string) error {
 }
 
 func (s blockingBatch) Send(ctx context.Context, m *Message) error { return s.wait(ctx, m.EventID) }
-func (s blockingBatch) Batches(msgs []*Message) [][]*Message         { return [][]*Message{msgs} }
+func (s blockingBatch) Batches(msgs []*Message) [][]*Message       { return [][]*Message{msgs} }
 func (s blockingBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
 	return repeat(s.wait(ctx, msgs[0].EventID), len(msgs))
 }

@@ -76,6 +76,12 @@ import _ "github.com/go-sql-driver/mysql"`,
 const q = "INSERT INTO t VALUES (1) ON CONFLICT DO NOTHING"`,
 		"pgx import": `package txlog
 import _ "github.com/jackc/pgx/v5/stdlib"`,
+		"internal type in an exported signature": `package txlog
+import "github.com/rmqtx/rmqtx/internal/migrate"
+func Steps() []migrate.Part { return nil }`,
+		"exported alias of an internal type": `package txlog
+import "github.com/rmqtx/rmqtx/internal/migrate"
+type Part = migrate.Part`,
 		"mysql error type": `package consumer
 import "github.com/go-sql-driver/mysql"
 var _ *mysql.MySQLError`,
@@ -94,6 +100,22 @@ var _ *mysql.MySQLError`,
 			require.NotEmpty(t, problems, "the planted violation must be found")
 		})
 	}
+}
+
+// exportedRecv reports whether a method's receiver type is exported.
+func exportedRecv(recv *ast.FieldList) bool {
+	if recv == nil || len(recv.List) == 0 {
+		return true
+	}
+	t := recv.List[0].Type
+	if st, ok := t.(*ast.StarExpr); ok {
+		t = st.X
+	}
+	if ix, ok := t.(*ast.IndexExpr); ok {
+		t = ix.X
+	}
+	id, ok := t.(*ast.Ident)
+	return ok && id.IsExported()
 }
 
 // seamViolations scans every non-test .go file of the library under root.
@@ -173,6 +195,55 @@ func scanFile(t *testing.T, pkg, file string) []string {
 			out = append(out, at(imp)+": imports the MySQL driver outside internal/dialect")
 		} else if strings.HasPrefix(p, "github.com/jackc/pgx/") && !opensConnections {
 			out = append(out, at(imp)+": imports pgx outside internal/dialect")
+		}
+	}
+	// Internal packages imported by this file, by the name the file uses.
+	internal := map[string]string{}
+	for _, imp := range f.Imports {
+		p, _ := strconv.Unquote(imp.Path.Value)
+		if !strings.Contains(p, "/internal/") || !strings.HasPrefix(p, "github.com/rmqtx/rmqtx/") {
+			continue
+		}
+		name := p[strings.LastIndex(p, "/")+1:]
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		internal[name] = p
+	}
+	mentionsInternal := func(n ast.Node) string {
+		found := ""
+		if n == nil {
+			return ""
+		}
+		ast.Inspect(n, func(m ast.Node) bool {
+			if sel, ok := m.(*ast.SelectorExpr); ok {
+				if id, ok := sel.X.(*ast.Ident); ok && internal[id.Name] != "" && found == "" {
+					found = id.Name + "." + sel.Sel.Name
+				}
+			}
+			return found == ""
+		})
+		return found
+	}
+	if !strings.Contains(filepath.ToSlash(file), "/internal/") && !strings.Contains(filepath.ToSlash(file), "/cmd/") && f.Name.Name != "main" {
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.FuncDecl:
+				if !d.Name.IsExported() || (d.Recv != nil && !exportedRecv(d.Recv)) {
+					continue
+				}
+				if m := mentionsInternal(d.Type); m != "" {
+					out = append(out, at(d)+": exported "+d.Name.Name+" has internal type "+m+" in its signature")
+				}
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					if ts, ok := sp.(*ast.TypeSpec); ok && ts.Name.IsExported() && ts.Assign.IsValid() {
+						if m := mentionsInternal(ts.Type); m != "" {
+							out = append(out, at(ts)+": exported alias "+ts.Name.Name+" names internal type "+m)
+						}
+					}
+				}
+			}
 		}
 	}
 	ast.Inspect(f, func(n ast.Node) bool {

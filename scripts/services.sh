@@ -205,7 +205,7 @@ start_postgres() {
   ((EUID == 0)) && run=(setpriv --reuid=postgres --regid=postgres --init-groups --)
   setsid "${run[@]}" "$bin/postgres" -D "$PG_DIR/data" -c listen_addresses=127.0.0.1 -p "$PG_PORT" \
     -c unix_socket_directories="$PG_DIR/sock" -c max_connections=400 -c shared_buffers=128MB \
-    -c fsync=off -c full_page_writes=off -c synchronous_commit=on \
+    -c fsync=off -c full_page_writes=off -c synchronous_commit=on -c timezone=UTC \
     -c max_prepared_transactions=0 -c log_min_messages=warning -c log_line_prefix='%m [%p] ' \
     </dev/null >>"$PG_DIR/postgres.log" 2>&1 &
   echo $! >"$PID_DIR/postgres.pid"

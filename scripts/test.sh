@@ -91,11 +91,13 @@ patched_tests() {
 }
 
 # upstream_step runs one go command of the upstream build, logged to
-# $RUN_DIR/go-test-upstream.log, and returns its exit status.
+# $RUN_DIR/go-test-upstream.log, and returns its exit status. GOFLAGS
+# carries the view too, for the go commands that tests run themselves.
 upstream_step() {
   echo "== upstream client: go $*"
-  local rc=0
-  "$GO" "$@" 2>&1 | tee -a "$RUN_DIR/go-test-upstream.log" || rc=$?
+  local rc=0 start=$SECONDS
+  GOFLAGS="-modfile=$UPSTREAM_MOD${GOFLAGS:+ $GOFLAGS}" "$GO" "$@" 2>&1 | tee -a "$RUN_DIR/go-test-upstream.log" || rc=$?
+  echo "== upstream client: exit $rc after $((SECONDS - start)) s"
   return $rc
 }
 

@@ -202,7 +202,7 @@ func IsDuplicateKey(err error) bool {
 // the FIRST statement of the local transaction, so the row (and its
 // primary-key lock) exists for the whole transaction and becomes visible
 // exactly at commit. A row that already exists gives an error wrapping
-// ErrDuplicate; the transaction is still usable but should be rolled back.
+// ErrDuplicate; roll the transaction back (PostgreSQL has already aborted it).
 func (s *Store) Insert(ctx context.Context, tx sqlx.ExecerContext, r Row) error {
 	a, err := s.args(&r)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -14,10 +15,13 @@ import (
 // checkBrokerSettings compares FenceAge with the transaction-check settings
 // of every master broker (see Config.FenceAge), and warns about a broker
 // whose op batching makes it re-check answered halves (warnOpBatch). It
-// fails only for a FenceAge violation with recovery disabled; a broker it
-// cannot read is logged and skipped, because an unreadable admin request
-// (ACL, proxy) must not stop a producer from starting. It returns the
-// masters it listed (nil when the name server did not answer).
+// fails only for a FenceAge violation with recovery disabled, naming every
+// broker that FenceAge does not fit (one refusal per broker, so that one
+// restart after fixing them suffices); with recovery it warns once per such
+// broker. A broker it cannot read is logged and skipped, because an
+// unreadable admin request (ACL, proxy) must not stop a producer from
+// starting. It returns the masters it listed (nil when the name server did
+// not answer).
 func (p *Producer) checkBrokerSettings(ctx context.Context) ([]string, error) {
 	l := p.cfg.Logger
 	masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout)
@@ -25,6 +29,7 @@ func (p *Producer) checkBrokerSettings(ctx context.Context) ([]string, error) {
 		l.WithError(err).Info("txproducer: could not list the brokers; FenceAge not checked against their settings")
 		return nil, nil
 	}
+	var refused brokerSettingsErrors
 	for _, addr := range masters {
 		conf, err := remoting.BrokerConfig(ctx, addr, p.cfg.SendTimeout)
 		if err != nil {
@@ -41,11 +46,40 @@ func (p *Producer) checkBrokerSettings(ctx context.Context) ([]string, error) {
 			continue
 		}
 		if p.cfg.DisableRecovery {
-			return masters, e
+			refused = append(refused, e)
+			continue
 		}
 		l.WithField("broker", addr).Warn(e.Error() + "; discard recovery will resolve those halves from the txlog")
 	}
-	return masters, nil
+	switch len(refused) {
+	case 0:
+		return masters, nil
+	case 1:
+		return masters, refused[0]
+	}
+	return masters, refused
+}
+
+// brokerSettingsErrors is Start's refusal when FenceAge does not fit several
+// brokers' settings: one *BrokerSettingsError per broker, in the name
+// server's order. errors.As finds the first, errors.Is(err, ErrConfig)
+// holds.
+type brokerSettingsErrors []*BrokerSettingsError
+
+func (es brokerSettingsErrors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (es brokerSettingsErrors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
 }
 
 // defaultOpBatchInterval is the broker's transactionOpBatchInterval when its

@@ -1,45 +1,65 @@
 package txproducer_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
-// openLazy returns a pool that has not connected (sql.Open never dials).
-func openLazy(t *testing.T, dbName string) *sqlx.DB {
-	t.Helper()
-	db, err := sqlx.Open("mysql", "u:p@tcp(127.0.0.1:1)/"+dbName)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
-
 // The txlog row is written in DB's transaction and checks read it through
 // Log: a Log on another database would let a check miss a committed row
-// (I3), so New rejects it and names the field.
+// (I3), so New rejects it and names the field. Both handles are real pools,
+// connected and pinged, on two databases of the same MariaDB.
+//
+// "The same database" is decided by the pool, not by a name: New compares
+// the *sql.DB under DB and Log. A second pool that reaches the same schema
+// is refused too. That is deliberate: New does no I/O, and nothing a pool
+// exposes without a query tells the same server and schema from a replica,
+// a read/write-splitting proxy or another server with the same schema name
+// (where a check would miss a committed row). Passing DB alone, or a Log
+// built on DB, always works, so the strict rule costs nothing.
 func TestConfigLogMustUseDB(t *testing.T) {
 	t.Parallel()
-	shop, other := openLazy(t, "shop"), openLazy(t, "other")
-	base := txproducer.Config{NameServers: []string{"127.0.0.1:9876"}, Group: "g"}
+	s := testenv.Integration(t)
+	shop, other := testenv.DB(t), testenv.DB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, shop.PingContext(ctx))
+	require.NoError(t, other.PingContext(ctx))
+	require.NotEqual(t, testenv.DBName(t, shop), testenv.DBName(t, other), "two databases")
+	// A second pool on shop's own database.
+	shopAgain, err := sqlx.Open("mysql", s.DSN(testenv.DBName(t, shop)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = shopAgain.Close() })
+	require.NoError(t, shopAgain.PingContext(ctx))
+	require.Equal(t, testenv.DBName(t, shop), testenv.DBName(t, shopAgain))
+
+	base := txproducer.Config{NameServers: []string{s.NameServer}, Group: "g"}
 	logOn := func(db *sqlx.DB) *txlog.Store {
 		s, err := txlog.New(db, txlog.DefaultPrefix)
 		require.NoError(t, err)
 		return s
 	}
-
-	c := base
-	c.DB, c.Log = shop, logOn(other)
-	_, err := txproducer.New(c)
-	require.ErrorIs(t, err, txproducer.ErrConfig)
-	require.Contains(t, err.Error(), "Log")
-	require.Equal(t, txproducer.DontRetry, txproducer.RetryAdvice(err))
+	for name, log := range map[string]*txlog.Store{
+		"Log on another database":                logOn(other),
+		"Log on the same database, another pool": logOn(shopAgain),
+	} {
+		c := base
+		c.DB, c.Log = shop, log
+		_, err := txproducer.New(c)
+		require.ErrorIs(t, err, txproducer.ErrConfig, name)
+		require.Contains(t, err.Error(), "Log:", name)
+		require.Equal(t, txproducer.DontRetry, txproducer.RetryAdvice(err), name)
+	}
 
 	for name, c := range map[string]txproducer.Config{
 		"DB alone":            {DB: shop},

@@ -76,26 +76,7 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 		"RMQTX_NAMESRV_PORT="+envOrDefault(envPrivateNamesrvPort, "16876"),
 		"RMQTX_BROKER_PORT="+envOrDefault(envPrivateBrokerPort, "17911"),
 	)}
-	keep := os.Getenv(envPrivateKeep) == "1"
-	reap := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down >/dev/null 2>&1`
-	if !keep {
-		reap += `; rm -rf "$RMQTX_RUN_DIR"`
-	}
-	reaper := exec.Command("setsid", "bash", "-c", reap)
-	reaper.Env = append(b.env, "WATCH="+strconv.Itoa(os.Getpid()), "SCRIPT="+script)
-	require.NoError(t, reaper.Start())
-	require.NoError(t, reaper.Process.Release())
-	t.Cleanup(func() {
-		b.thaw(t) // a failed test may leave it frozen
-		if out, err := b.run("down"); err != nil {
-			t.Logf("services.sh down: %v\n%s", err, out)
-		}
-		if keep && t.Failed() {
-			t.Logf("kept the private services' run folder %s", runDir)
-			return
-		}
-		_ = os.RemoveAll(runDir)
-	})
+	b.stopAtEnd(t)
 	start := time.Now()
 	if out, err := b.run("up"); err != nil {
 		logs, _ := b.run("logs")
@@ -117,6 +98,33 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 	require.NotEmpty(t, b.NameServer)
 	require.NotEmpty(t, b.Addr)
 	return b
+}
+
+// stopAtEnd stops the private services (and removes their folder) when
+// the test ends, or, through a detached reaper, when the test process dies
+// first.
+func (b *privateBroker) stopAtEnd(t *testing.T) {
+	t.Helper()
+	keep := os.Getenv(envPrivateKeep) == "1"
+	reap := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down >/dev/null 2>&1`
+	if !keep {
+		reap += `; rm -rf "$RMQTX_RUN_DIR"`
+	}
+	reaper := exec.Command("setsid", "bash", "-c", reap)
+	reaper.Env = append(b.env, "WATCH="+strconv.Itoa(os.Getpid()), "SCRIPT="+b.script)
+	require.NoError(t, reaper.Start())
+	require.NoError(t, reaper.Process.Release())
+	t.Cleanup(func() {
+		b.thaw(t) // a failed test may leave it frozen
+		if out, err := b.run("down"); err != nil {
+			t.Logf("services.sh down: %v\n%s", err, out)
+		}
+		if keep && t.Failed() {
+			t.Logf("kept the private services' run folder %s", b.runDir)
+			return
+		}
+		_ = os.RemoveAll(b.runDir)
+	})
 }
 
 // run executes one services.sh command against the private run folder.

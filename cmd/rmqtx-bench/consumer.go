@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/rmqtx/rmqtx/schema"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,10 +21,16 @@ type drain struct {
 	stop  func()
 }
 
+// drainCPU measures the CPU each drain costs per message (set by
+// runConsumer).
+var drainCPU cpuMeter
+
 // measureDrain starts a consumer and measures how fast it processes want
 // messages: from the first processed message to the want-th, polled every
 // 2ms (the same way for every side), so client start-up and rebalancing are
-// not part of the rate. Wall time from start is kept in Extra.
+// not part of the rate. Wall time from start is kept in Extra, and so is the
+// CPU per message of the bench process and of a local database server over
+// the same window.
 func measureDrain(ctx context.Context, e *Env, index int, want int64, start func() (*drain, error)) (Round, error) {
 	t0 := time.Now()
 	d, err := start()
@@ -35,21 +42,23 @@ func measureDrain(ctx context.Context, e *Env, index int, want int64, start func
 		tFirst time.Time
 		c0     int64
 		last   int64
+		cpu0   cpuSample
 	)
 	err = waitFor(ctx, e.Opt.Timeout, 2*time.Millisecond, func() (bool, error) {
 		c := d.count()
 		if c > 0 && tFirst.IsZero() {
-			tFirst, c0 = time.Now(), c
+			tFirst, c0, cpu0 = time.Now(), c, drainCPU.sample()
 		}
 		last = c
 		return c >= want, nil
 	})
-	tLast := time.Now()
+	tLast, cpu1 := time.Now(), drainCPU.sample()
 	if err != nil {
 		return Round{}, fmt.Errorf("drained %d of %d messages: %w", last, want, err)
 	}
 	r := Round{Index: index, Count: want, Seconds: tLast.Sub(tFirst).Seconds(),
 		Extra: map[string]float64{"wall_seconds": tLast.Sub(t0).Seconds(), "startup_seconds": tFirst.Sub(t0).Seconds()}}
+	cpu0.perMessage(cpu1, last-c0, r.Extra)
 	if r.Seconds > 0 && last > c0 {
 		r.Rate = float64(last-c0) / r.Seconds
 	}
@@ -66,6 +75,7 @@ func measureDrain(ctx context.Context, e *Env, index int, want int64, start func
 func runConsumer(ctx context.Context, e *Env) *Workload {
 	o := e.Opt
 	n := o.Messages
+	drainCPU = newCPUMeter(e.S.MySQLAddr, e.S.Broker)
 	w := &Workload{Name: "consumer", Params: map[string]string{
 		"goroutines": fmt.Sprint(o.Concurrency), "messages": fmt.Sprint(n), "payload": fmt.Sprint(o.Payload),
 		"rounds": fmt.Sprint(o.Rounds), "batch": "1",
@@ -73,16 +83,17 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	raw := &Side{Name: sideRawHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; handler: BEGIN; business INSERT; COMMIT"}
 	rawDedup := &Side{Name: sideRawDedup, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; hand-written idempotent handler: BEGIN; INSERT IGNORE dedup row (group, event id); business INSERT unless it was there; COMMIT"}
 	first := &Side{Name: sideFirst, Unit: "msgs/s", Description: "rmqtx consumer, first delivery: BEGIN; dedup INSERT; business INSERT; COMMIT"}
-	batch := &Side{Name: sideBatch, Unit: "msgs/s", Description: fmt.Sprintf("rmqtx consumer, BatchTransaction (BatchSize %d): per delivered batch BEGIN; one dedup INSERT; per event SAVEPOINT + business INSERT; COMMIT", consumer.DefaultBatchTxSize)}
+	batch := &Side{Name: sideBatch, Unit: "msgs/s", Description: fmt.Sprintf("rmqtx consumer, BatchTransaction (BatchSize %d): per delivered batch BEGIN; one dedup INSERT; per event business INSERT; COMMIT (savepoints only in the pass after a failure)", consumer.DefaultBatchTxSize)}
 	cold := &Side{Name: sideDupCold, Unit: "msgs/s", Description: "duplicate hit (cold: new consumer instance of the group, DB dedup): BEGIN; dedup INSERT .. ON DUPLICATE KEY (hash check); ROLLBACK, then, once 48 of the last 64 were duplicates, one point read of the committed dedup row; handler not run"}
 	warm := &Side{Name: sideDupWarm, Unit: "msgs/s", Description: "duplicate hit (warm: the Processor instance that applied them, dedup cache): no database round trip, handler not run"}
 	noop := &Side{Name: sideNoopHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer, handler does nothing: the client's own ceiling"}
-	w.Sides = []*Side{raw, rawDedup, first, batch, cold, warm, noop}
+	rawBatch := &Side{Name: sideRawBatch, Unit: "msgs/s", Description: fmt.Sprintf("rocketmq-client-go push consumer handing over up to %d messages of a queue at once; handler: BEGIN; business INSERT per message; COMMIT (no dedup: what batching alone gives this handler, the ceiling of any batch mode)", consumer.DefaultBatchTxSize)}
+	w.Sides = []*Side{raw, rawDedup, first, batch, rawBatch, cold, warm, noop}
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
 	rawTable, txTable, dedupTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc"), e.Names.Name("orders_rawdc")
-	batchTable := e.Names.Name("orders_batchc")
+	batchTable, rawBatchTable := e.Names.Name("orders_batchc"), e.Names.Name("orders_rawbc")
 	handDedup := e.Names.Name("handdedup")
 	prefix := e.Names.Name("c") + "_"
 	for _, t := range []string{topic, dupTopic} {
@@ -90,7 +101,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return fail(err)
 		}
 	}
-	for _, t := range []string{rawTable, txTable, dedupTable, batchTable} {
+	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable} {
 		if err := e.businessTable(ctx, t); err != nil {
 			return fail(err)
 		}
@@ -167,6 +178,36 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
 		}
 	}
+	// startRawBatch is batching without rmqtx: one transaction per handed
+	// over batch, no dedup, so not exactly once. It bounds what any batch
+	// mode can gain with this handler.
+	rawBatchInsert := insertOrderSQL(rawBatchTable)
+	startRawBatch := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			var c atomic.Int64
+			pc, err := e.rawBatchConsumer(group, topic, o.Concurrency, consumer.DefaultBatchTxSize, func(ctx context.Context, msgs []*primitive.MessageExt) error {
+				tx, err := e.DB.BeginTxx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				for _, m := range msgs {
+					if _, err := tx.ExecContext(ctx, rawBatchInsert, m.GetProperty(envelope.PropEventID), int64(len(m.Body)), m.Body); err != nil {
+						_ = tx.Rollback()
+						return err
+					}
+				}
+				if err := tx.Commit(); err != nil {
+					return err
+				}
+				c.Add(int64(len(msgs)))
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+		}
+	}
 	// startRawDedup is what a careful user writes without rmqtx: the dedup
 	// row and the business row in one transaction, a duplicate rolled back.
 	var rawDedupDups atomic.Int64
@@ -209,7 +250,17 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		}
 	}
 	batchInsert := insertOrderSQL(batchTable)
+	// batchTxs counts the transactions the batch handler ran in (the
+	// transactions seen, kept for the round), to report the batches'
+	// real size.
+	var (
+		batchMu  sync.Mutex
+		batchTxs = map[*sqlx.Tx]bool{}
+	)
 	batchHandler := func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+		batchMu.Lock()
+		batchTxs[tx] = true
+		batchMu.Unlock()
 		_, err := tx.ExecContext(ctx, batchInsert, ev.ID, int64(len(ev.Payload)), ev.Payload)
 		return err
 	}
@@ -329,13 +380,24 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		e.Log("  warm-up done")
 	}
 
-	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideBatch}, []string{sideDupWarm, sideDupCold}
+	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideBatch, sideRawBatch}, []string{sideDupWarm, sideDupCold}
 	logRound := func(r int, name string, ro Round) {
-		e.Log("  round %d %-34s %8.1f msgs/s (%.2fs, start-up %.2fs)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"])
+		cpu := fmt.Sprintf(", cpu/msg: bench %.0fus", ro.Extra["bench_cpu_us_per_msg"])
+		if v, ok := ro.Extra["db_cpu_us_per_msg"]; ok {
+			cpu += fmt.Sprintf(" db %.0fus", v)
+		}
+		if v, ok := ro.Extra["broker_cpu_us_per_msg"]; ok {
+			cpu += fmt.Sprintf(" broker %.0fus", v)
+		}
+		if v, ok := ro.Extra["events_per_tx"]; ok {
+			cpu += fmt.Sprintf(", %.1f events per transaction", v)
+		}
+		e.Log("  round %d %-34s %8.1f msgs/s (%.2fs, start-up %.2fs%s)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"], cpu)
 	}
 	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
 		rawGroup, txGroup, dedupGroup, batchGroup := e.Names.Name("craw"), e.Names.Name("ctx"), e.Names.Name("crawd"), e.Names.Name("cbatch")
+		rawBatchGroup := e.Names.Name("crawb")
 		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
@@ -349,9 +411,22 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					raw.Rounds = append(raw.Rounds, ro)
 				}
 			case sideBatch:
+				batchMu.Lock()
+				clear(batchTxs)
+				batchMu.Unlock()
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(batchGroup))
 				if err == nil {
+					batchMu.Lock()
+					if len(batchTxs) > 0 {
+						ro.Extra["events_per_tx"] = float64(n) / float64(len(batchTxs))
+					}
+					batchMu.Unlock()
 					batch.Rounds = append(batch.Rounds, ro)
+				}
+			case sideRawBatch:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawBatch(rawBatchGroup))
+				if err == nil {
+					rawBatch.Rounds = append(rawBatch.Rounds, ro)
 				}
 			case sideRawDedup:
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawDedup(dedupGroup))
@@ -427,6 +502,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	}
 	if rows, err := e.countRows(ctx, batchTable); err == nil && int64(rows) != int64(len(batch.Rounds))*int64(n) {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d batch-mode business rows for %d (group, event) pairs", rows, int64(len(batch.Rounds))*int64(n)))
+	}
+	if rows, err := e.countRows(ctx, rawBatchTable); err == nil && int64(rows) < int64(len(rawBatch.Rounds))*int64(n) {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d raw batch business rows for %d (group, event) pairs", rows, int64(len(rawBatch.Rounds))*int64(n)))
 	}
 	if rows, err := e.countRows(ctx, dedupTable); err == nil && int64(rows) != int64(len(rawDedup.Rounds))*int64(n) {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d hand-written dedup business rows for %d (group, event) pairs", rows, int64(len(rawDedup.Rounds))*int64(n)))

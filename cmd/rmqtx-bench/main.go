@@ -299,6 +299,8 @@ func addRatios(w *Workload) {
 		w.AddRatio("rmqtx first delivery / raw handler", sideFirst, sideRawHandler, targetFirst)
 		w.AddRatio("rmqtx first delivery / raw handler + dedup", sideFirst, sideRawDedup, targetFirstDedup)
 		w.AddRatio("rmqtx batch mode / raw handler", sideBatch, sideRawHandler, targetBatch)
+		w.AddRatio("raw batch handler (no dedup) / raw handler", sideRawBatch, sideRawHandler, 0)
+		w.AddRatio("rmqtx batch mode / raw batch handler", sideBatch, sideRawBatch, 0)
 		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
 		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)
 		w.AddRatio("duplicate cold (DB) / raw no-op ceiling", sideDupCold, sideNoopHandler, 0)

@@ -120,7 +120,7 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 		"raw tx producer + txlog: the hand-written equivalent of rmqtx: the local transaction also inserts a row (event id, topic, state, payload) into its own log table and the check reads it",
 		"rmqtx Send lets txproducer assign the event id; the business row gets its own id, as on the raw sides",
 		"rmqtx Send, id from a business key: Message.EventID = UUIDv5 of the event type and an order key unique in the run (the README's recommended path; every Send is the first of its id), BusinessKey = the order key, which is also the business row's id",
-		"p99.9 is the nearest-rank 99.9th percentile of one round's Sends (about 4000-6000 per round at 2s: a handful of samples above it)")
+		"p99.9 is the nearest-rank 99.9th percentile of one round's Sends: of N Sends, the (floor(N/1000)+1)-th slowest: a few samples, so it moves more between rounds than p99")
 	return w
 }
 

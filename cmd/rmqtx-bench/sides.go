@@ -22,6 +22,10 @@ const benchEventType = "BenchEvent"
 // event id derived from a business key (issue 25).
 const sideRmqtxKeyed = "rmqtx Send, id from a business key"
 
+// sideRawBatch is the consumer side that bounds batch mode: the raw
+// handler's transaction taken once per handed-over batch, without dedup.
+const sideRawBatch = "raw batch handler (no dedup)"
+
 // propBenchID carries the event id on raw-side messages, as a service
 // without rmqtx would add its own id property.
 const propBenchID = "BENCH_ID"
@@ -181,22 +185,34 @@ func (l *rawTxListener) CheckLocalTransaction(m *primitive.MessageExt) primitive
 // from the first offset) that calls handle for each message.
 func (e *Env) rawPushConsumer(group, topic string, goroutines int,
 	handle func(ctx context.Context, m *primitive.MessageExt) error) (rmq.PushConsumer, error) {
+	return e.rawBatchConsumer(group, topic, goroutines, 1, func(ctx context.Context, msgs []*primitive.MessageExt) error {
+		for _, m := range msgs {
+			if err := handle(ctx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// rawBatchConsumer is rawPushConsumer handing over up to batch messages of
+// one queue at once (ConsumeMessageBatchMaxSize).
+func (e *Env) rawBatchConsumer(group, topic string, goroutines, batch int,
+	handle func(ctx context.Context, msgs []*primitive.MessageExt) error) (rmq.PushConsumer, error) {
 	pc, err := rmq.NewPushConsumer(
 		rmqconsumer.WithGroupName(group),
 		rmqconsumer.WithInstance(group+"-"+randHex(6)),
 		rmqconsumer.WithNsResolver(e.S.Resolver()),
 		rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset),
 		rmqconsumer.WithConsumeGoroutineNums(goroutines),
-		rmqconsumer.WithConsumeMessageBatchMaxSize(1),
+		rmqconsumer.WithConsumeMessageBatchMaxSize(batch),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("raw consumer: %w", err)
 	}
 	err = pc.Subscribe(topic, rmqconsumer.MessageSelector{}, func(ctx context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
-		for _, m := range msgs {
-			if err := handle(ctx, m); err != nil {
-				return rmqconsumer.ConsumeRetryLater, err
-			}
+		if err := handle(ctx, msgs); err != nil {
+			return rmqconsumer.ConsumeRetryLater, err
 		}
 		return rmqconsumer.ConsumeSuccess, nil
 	})

@@ -29,7 +29,8 @@ type Case[C any] = struct {
 
 // FieldErrors checks that check accepts valid, and that for every case it
 // refuses a copy of valid broken by the case with an error that wraps
-// sentinel, names the field and carries prefix (the package's "name: ").
+// sentinel and reads "<prefix>invalid config: <Field> ..." (prefix is the
+// package's "name: "), the one wording of a config error in every package.
 // check builds the component from a Config and returns the error. It
 // reports every failing case, not only the first.
 func FieldErrors[C any](t TB, prefix string, sentinel error, valid C, check func(C) error, cases []Case[C]) {
@@ -50,10 +51,8 @@ func FieldErrors[C any](t TB, prefix string, sentinel error, valid C, check func
 			t.Errorf("configtest: case %d (%s): accepted, want an error naming %s", i, tc.Field, tc.Field)
 		case !errors.Is(err, sentinel):
 			t.Errorf("configtest: case %d (%s): %v does not wrap %v", i, tc.Field, err, sentinel)
-		case !strings.Contains(err.Error(), tc.Field):
-			t.Errorf("configtest: case %d (%s): %q does not name the field", i, tc.Field, err)
-		case !strings.Contains(err.Error(), prefix):
-			t.Errorf("configtest: case %d (%s): %q lacks the package prefix %q", i, tc.Field, err, prefix)
+		case !strings.HasPrefix(err.Error(), prefix+"invalid config: "+tc.Field):
+			t.Errorf("configtest: case %d (%s): %q does not read %q", i, tc.Field, err, prefix+"invalid config: "+tc.Field+" ...")
 		}
 	}
 }

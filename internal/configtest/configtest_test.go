@@ -23,15 +23,15 @@ func newDemo(c demoConfig, fault string) error {
 	case c.Name == "" && fault == "unwrapped":
 		return errors.New("demo: Name is required")
 	case c.Name == "" && fault == "unnamed":
-		return fmt.Errorf("demo: %w: a field is wrong", errConfig)
+		return fmt.Errorf("%w: a field is wrong", errConfig)
 	case c.Name == "" && fault == "noprefix":
 		return fmt.Errorf("%w: Name is required", errors.New("invalid"))
 	case c.Name == "":
-		return fmt.Errorf("demo: %w: Name is required", errConfig)
+		return fmt.Errorf("%w: Name is required", errConfig)
 	case c.Size < 0:
-		return fmt.Errorf("demo: %w: Size must not be negative", errConfig)
+		return fmt.Errorf("%w: Size must not be negative", errConfig)
 	case fault == "refusevalid":
-		return fmt.Errorf("demo: %w: refused", errConfig)
+		return fmt.Errorf("%w: refused", errConfig)
 	}
 	return nil
 }
@@ -61,7 +61,7 @@ func TestFieldErrorsCatchesEachFault(t *testing.T) {
 	for fault, want := range map[string]string{
 		"accept":      "accepted",
 		"unwrapped":   "does not wrap",
-		"unnamed":     "does not name the field",
+		"unnamed":     "does not read",
 		"noprefix":    "does not wrap", // not ErrConfig either
 		"refusevalid": "the valid Config is refused",
 	} {
@@ -79,7 +79,7 @@ func TestFieldErrorsCatchesEachFault(t *testing.T) {
 		}
 		return nil
 	}, cases[:1])
-	if len(r.errs) != 1 || !strings.Contains(r.errs[0], "lacks the package prefix") {
+	if len(r.errs) != 1 || !strings.Contains(r.errs[0], "does not read") {
 		t.Errorf("missing prefix: failures %q", r.errs)
 	}
 	r = &recorder{}

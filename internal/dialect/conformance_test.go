@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/internal/sqltime"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
@@ -110,6 +111,18 @@ func TestTimeArithmetic(t *testing.T) {
 		var at time.Time
 		require.NoError(t, db.GetContext(ctx, &at, "SELECT "+d.Now()))
 		require.WithinDuration(t, time.Now().UTC(), at, time.Minute)
+
+		// A time bound in another location is stored as the same instant.
+		tokyo := time.FixedZone("JST", 9*3600)
+		then := time.Date(2026, 1, 2, 12, 0, 0, 123456000, tokyo)
+		_, err = db.ExecContext(ctx, d.Rebind("INSERT INTO kv (k, n, at) VALUES ('tz', 0, ?)"), then)
+		require.NoError(t, err)
+		var back sqltime.Time
+		require.NoError(t, db.GetContext(ctx, &back, "SELECT at FROM kv WHERE k = 'tz'"))
+		require.True(t, then.Equal(back.Time), "stored %s, read %s", then.UTC(), back.Time)
+		var before int
+		require.NoError(t, db.GetContext(ctx, &before, d.Rebind("SELECT COUNT(*) FROM kv WHERE k = 'tz' AND at < ?"), then.Add(time.Microsecond).UTC()))
+		require.Equal(t, 1, before)
 	})
 }
 
@@ -222,11 +235,16 @@ func TestRetryableErrors(t *testing.T) {
 		defer func() { _ = holder.Rollback() }()
 		var n int
 		require.NoError(t, holder.GetContext(ctx, &n, lockRow, "x"))
-		waiter, err := db.BeginTxx(ctx, nil)
+		// The waiter's session gets a short lock wait, and its connection
+		// never goes back to the pool.
+		wconn, err := db.Connx(ctx)
+		require.NoError(t, err)
+		defer func() { _ = wconn.Raw(func(any) error { return driver.ErrBadConn }) }()
+		_, err = wconn.ExecContext(ctx, shortLockWait(d))
+		require.NoError(t, err)
+		waiter, err := wconn.BeginTxx(ctx, nil)
 		require.NoError(t, err)
 		defer func() { _ = waiter.Rollback() }()
-		_, err = waiter.ExecContext(ctx, shortLockWait(d))
-		require.NoError(t, err)
 		err = waiter.GetContext(ctx, &n, lockRow, "x")
 		require.True(t, d.IsLockTimeout(err), "%v", err)
 		require.True(t, dialect.IsRetryable(d, err))
@@ -280,7 +298,7 @@ func TestRetryableErrors(t *testing.T) {
 
 func shortLockWait(d dialect.Dialect) string {
 	if d.Name() == "postgres" {
-		return "SET LOCAL lock_timeout = '200ms'"
+		return "SET lock_timeout = '200ms'"
 	}
 	return "SET SESSION innodb_lock_wait_timeout = 1"
 }

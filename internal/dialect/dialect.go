@@ -53,7 +53,10 @@ type Dialect interface {
 	InsertIgnore(table, columns, values, conflict string) string
 	// Upsert is an INSERT that, on a conflict on the key conflict, updates
 	// the existing row with the assignments of set, in which Excluded(c)
-	// names the value the INSERT proposed for column c.
+	// names the value the INSERT proposed for column c, and a bare name of
+	// one of columns the existing row's value (a dialect where a bare name
+	// would be ambiguous qualifies those names itself; a column outside
+	// columns cannot be read by its bare name there).
 	Upsert(table, columns, values, conflict, set string) string
 	// Excluded names, inside an Upsert's set, the value the INSERT proposed
 	// for column.

@@ -16,10 +16,14 @@ import (
 // Postgres is the dialect of PostgreSQL 15 or later, through pgx's
 // database/sql driver (github.com/jackc/pgx/v5/stdlib, driver name "pgx").
 //
-// Timestamps are TIMESTAMP(6) (without time zone) holding UTC, as MySQL's
-// DATETIME(6) columns do, so the owners' Go code binds and scans the same
-// values on both. "Now" is statement_timestamp(): like MySQL's
-// UTC_TIMESTAMP(6) it is the start of the current statement, one value for
+// Timestamps are TIMESTAMPTZ(6): instants, as MySQL's DATETIME(6) columns
+// hold them in UTC. Not TIMESTAMP without time zone: pgx binds a time.Time
+// to that type by its wall clock in its own location, so a caller's
+// non-UTC time would be stored shifted; to TIMESTAMPTZ it binds the
+// instant, whatever the location or the session's TimeZone. Owners scan
+// through sqltime, which hands back UTC on both databases. "Now" is
+// statement_timestamp(): like MySQL's UTC_TIMESTAMP(6) it is the start of
+// the current statement, one value for
 // every row the statement touches; unlike now() it moves on between the
 // statements of one transaction (a lease written late in a long transaction
 // is measured from when it is written); and unlike clock_timestamp() it is
@@ -39,7 +43,7 @@ const (
 	pgUndefinedObject      = "42704" // unrecognized configuration parameter
 )
 
-const pgNow = "timezone('UTC', statement_timestamp())"
+const pgNow = "statement_timestamp()"
 
 func (pgDialect) Name() string               { return "postgres" }
 func (pgDialect) Rebind(query string) string { return sqlx.Rebind(sqlx.DOLLAR, query) }
@@ -49,7 +53,7 @@ func (pgDialect) NowPlusMicros() string {
 }
 func (pgDialect) Excluded(column string) string   { return "EXCLUDED." + column }
 func (pgDialect) SharedLock() string              { return "FOR SHARE" }
-func (pgDialect) TimestampType() string           { return "TIMESTAMP(6)" }
+func (pgDialect) TimestampType() string           { return "TIMESTAMPTZ(6)" }
 func (pgDialect) TableOptions() string            { return "" }
 func (pgDialect) IsPrepareRefused(err error) bool { return false }
 

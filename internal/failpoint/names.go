@@ -11,8 +11,8 @@ const (
 	AfterLocalCommit    = "producer.after-local-commit" // local tx committed, no END_TRANSACTION
 	AfterEndTransaction = "producer.after-end-tx"       // END_TRANSACTION sent
 	// outbox
-	AfterClaim = "outbox.after-claim" // rows SENDING with our token, nothing sent
-	AfterSend  = "outbox.after-send"  // broker has the message, row not yet SENT
+	AfterClaim = "outbox.after-claim" // rows SENDING with our token (held claim: locked, unwritten), nothing sent
+	AfterSend  = "outbox.after-send"  // broker has the message, row not yet SENT (held claim: not committed)
 	// consumer
 	AfterConsumeCommit = "consumer.after-commit" // dedup + effect committed, not ACKed
 )

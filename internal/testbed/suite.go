@@ -180,6 +180,11 @@ func (s *Suite) newServices() (*Services, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Run as root, services.sh runs PostgreSQL as the postgres user,
+		// which must reach its folder inside (MkdirTemp makes it 0700).
+		if err := os.Chmod(runDir, 0o755); err != nil {
+			return nil, err
+		}
 	}
 	ports := map[string]int{"MYSQL": s.cfg.MySQLPort, "PG": s.cfg.PGPort, "NAMESRV": s.cfg.NamesrvPort, "BROKER": s.cfg.BrokerPort}
 	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+strconv.Itoa(s.cfg.Brokers))

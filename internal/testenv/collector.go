@@ -14,6 +14,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/pushstop"
 )
 
 // Collector is a raw push consumer that records every delivery on a topic,
@@ -37,16 +38,21 @@ func Collect(t testing.TB, topic string) *Collector {
 	c := &Collector{counts: map[string]int{}, msgs: map[string]*primitive.MessageExt{}, stored: map[string]map[storedAt]bool{},
 		cond: make(chan struct{})}
 	group := Name(t, "collect")
+	// The gate stops delivery before the client's Shutdown, which on the
+	// upstream client can panic while a pull delivers (internal/pushstop).
+	// No name servers: nothing resumes the group, its offsets need no write.
+	gate := pushstop.New(group, nil)
 	pc, err := rocketmq.NewPushConsumer(
 		consumer.WithGroupName(group),
 		consumer.WithNsResolver(s.NameServerResolver()),
 		consumer.WithInstance(group),
 		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset),
+		gate.Option(),
 	)
 	if err != nil {
 		t.Fatalf("testenv: collector: %v", err)
 	}
-	err = pc.Subscribe(topic, consumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+	err = pc.Subscribe(topic, consumer.MessageSelector{}, gate.Wrap(func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 		c.mu.Lock()
 		for _, m := range msgs {
 			id := m.GetProperty(envelope.PropEventID)
@@ -67,7 +73,7 @@ func Collect(t testing.TB, topic string) *Collector {
 		c.cond = make(chan struct{})
 		c.mu.Unlock()
 		return consumer.ConsumeSuccess, nil
-	})
+	}))
 	if err != nil {
 		t.Fatalf("testenv: collector subscribe: %v", err)
 	}
@@ -75,7 +81,11 @@ func Collect(t testing.TB, topic string) *Collector {
 		t.Fatalf("testenv: collector start: %v", err)
 	}
 	c.pc = pc
-	t.Cleanup(func() { _ = pc.Shutdown() })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = gate.Shutdown(ctx, pc)
+	})
 	return c
 }
 

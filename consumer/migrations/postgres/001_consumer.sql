@@ -2,9 +2,9 @@
 -- migrations/mysql). {{consume_log}}, {{aggregate_version}},
 -- {{consume_attempt}} and {{dead_letter}} are replaced by the validated,
 -- prefixed table names. Every statement is idempotent (IF NOT EXISTS).
--- Timestamps are UTC in TIMESTAMP(6) (without time zone), written with the
--- database clock. Index names are per schema in PostgreSQL, so each is
--- derived from its table's name.
+-- Timestamps are instants in TIMESTAMPTZ(6) (MySQL's DATETIME(6) holds them
+-- as UTC), written with the database clock. Index names are per schema in
+-- PostgreSQL, so each is derived from its table's name.
 
 -- Consume log (dedup record): one row per (group, event id) whose effect
 -- committed. It is inserted FIRST inside the business transaction, so it
@@ -17,8 +17,8 @@ CREATE TABLE IF NOT EXISTS {{consume_log}} (
   status            VARCHAR(16)  NOT NULL,
   result_ref        VARCHAR(255) NULL,
   retry_count       INT          NOT NULL DEFAULT 0,
-  first_received_at TIMESTAMP(6) NOT NULL,
-  updated_at        TIMESTAMP(6) NOT NULL,
+  first_received_at TIMESTAMPTZ(6) NOT NULL,
+  updated_at        TIMESTAMPTZ(6) NOT NULL,
   PRIMARY KEY (consumer_group, event_id)
 );
 CREATE INDEX IF NOT EXISTS {{consume_log}}_updated ON {{consume_log}} (updated_at);
@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS {{aggregate_version}} (
   aggregate_id         VARCHAR(128) NOT NULL,
   last_applied_version BIGINT       NOT NULL,
   last_event_id        VARCHAR(64)  NOT NULL,
-  updated_at           TIMESTAMP(6) NOT NULL,
+  updated_at           TIMESTAMPTZ(6) NOT NULL,
   PRIMARY KEY (consumer_group, aggregate_type, aggregate_id)
 );
 
@@ -43,8 +43,8 @@ CREATE TABLE IF NOT EXISTS {{consume_attempt}} (
   attempts        INT           NOT NULL,
   last_class      VARCHAR(16)   NOT NULL,
   last_error      VARCHAR(2000) NOT NULL,
-  first_failed_at TIMESTAMP(6)  NOT NULL,
-  updated_at      TIMESTAMP(6)  NOT NULL,
+  first_failed_at TIMESTAMPTZ(6)  NOT NULL,
+  updated_at      TIMESTAMPTZ(6)  NOT NULL,
   PRIMARY KEY (consumer_group, event_id)
 );
 
@@ -72,11 +72,11 @@ CREATE TABLE IF NOT EXISTS {{dead_letter}} (
   reconsume_times  INT          NOT NULL,
   park_count       INT          NOT NULL DEFAULT 1,
   status           VARCHAR(16)  NOT NULL,
-  first_seen_at    TIMESTAMP(6) NOT NULL,
-  last_seen_at     TIMESTAMP(6) NOT NULL,
+  first_seen_at    TIMESTAMPTZ(6) NOT NULL,
+  last_seen_at     TIMESTAMPTZ(6) NOT NULL,
   replay_count     INT          NOT NULL DEFAULT 0,
-  replayed_at      TIMESTAMP(6) NULL,
-  resolved_at      TIMESTAMP(6) NULL,
+  replayed_at      TIMESTAMPTZ(6) NULL,
+  resolved_at      TIMESTAMPTZ(6) NULL,
   resolution_note  VARCHAR(512) NULL,
   PRIMARY KEY (id),
   CONSTRAINT {{dead_letter}}_message UNIQUE (consumer_group, event_id, request_hash)

@@ -1,6 +1,6 @@
 -- The outbox table (PostgreSQL; the same table as migrations/mysql). Times
--- are UTC in TIMESTAMP(6) (without time zone), written with the database
--- clock so the session time zone never matters. {{table}} is replaced by
+-- are instants in TIMESTAMPTZ(6) (MySQL's DATETIME(6) holds them as UTC),
+-- written with the database clock, so the session time zone never matters. {{table}} is replaced by
 -- the validated, prefixed table name.
 CREATE TABLE IF NOT EXISTS {{table}} (
     event_id           VARCHAR(64)  NOT NULL,
@@ -15,14 +15,14 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     headers            TEXT         NULL,
     status             VARCHAR(16)  NOT NULL,
     owner_token        VARCHAR(96)  NULL,
-    lease_until        TIMESTAMP(6) NULL,
+    lease_until        TIMESTAMPTZ(6) NULL,
     retry_count        INT          NOT NULL DEFAULT 0,
-    next_retry_at      TIMESTAMP(6) NOT NULL,
+    next_retry_at      TIMESTAMPTZ(6) NOT NULL,
     last_error_code    VARCHAR(64)  NULL,
     last_error_message VARCHAR(512) NULL,
-    created_at         TIMESTAMP(6) NOT NULL,
-    sent_at            TIMESTAMP(6) NULL,
-    updated_at         TIMESTAMP(6) NOT NULL,
+    created_at         TIMESTAMPTZ(6) NOT NULL,
+    sent_at            TIMESTAMPTZ(6) NULL,
+    updated_at         TIMESTAMPTZ(6) NOT NULL,
     PRIMARY KEY (event_id)
 );
 -- Index names are per schema in PostgreSQL: derived from the table's.

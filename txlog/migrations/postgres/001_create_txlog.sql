@@ -3,8 +3,8 @@
 -- inserted as the first statement of the local transaction and becomes
 -- visible only when it commits; a ROLLED_BACK row is written by a fence
 -- (check-back, recovery), a persisted local rollback or a resolver.
--- {{table}} is replaced by the validated, prefixed table name. Times are UTC
--- in TIMESTAMP(6) (without time zone), as MySQL's DATETIME(6).
+-- {{table}} is replaced by the validated, prefixed table name. Times are
+-- instants in TIMESTAMPTZ(6) (MySQL's DATETIME(6) holds them as UTC).
 CREATE TABLE IF NOT EXISTS {{table}} (
   event_id          VARCHAR(64)   NOT NULL,
   producer_group    VARCHAR(255)  NOT NULL DEFAULT '',
@@ -17,10 +17,10 @@ CREATE TABLE IF NOT EXISTS {{table}} (
   payload_hash      VARCHAR(64)   NOT NULL DEFAULT '',
   properties        TEXT          NULL,
   business_key      VARCHAR(128)  NOT NULL DEFAULT '',
-  created_at        TIMESTAMP(6)  NOT NULL,
-  resolved_at       TIMESTAMP(6)  NOT NULL,
+  created_at        TIMESTAMPTZ(6)  NOT NULL,
+  resolved_at       TIMESTAMPTZ(6)  NOT NULL,
   resolved_by       VARCHAR(16)   NOT NULL,
-  recovered_at      TIMESTAMP(6)  NULL,
+  recovered_at      TIMESTAMPTZ(6)  NULL,
   recovery_decision VARCHAR(16)   NULL,
   recovery_note     VARCHAR(255)  NULL,
   PRIMARY KEY (event_id)

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"os"
 	"strconv"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/pushstop"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 )
 

@@ -132,4 +132,3 @@ func ClassOf(err error) Class {
 func IsRetryable(err error) bool {
 	return ClassOf(err).Retryable()
 }
-

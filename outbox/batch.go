@@ -2,13 +2,14 @@ package outbox
 
 import (
 	"context"
-	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"hash/fnv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
+
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 )
 
 // BatchSink is a Sink that can deliver several messages in one request.

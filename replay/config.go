@@ -3,7 +3,6 @@ package replay
 import (
 	"errors"
 	"fmt"
-	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"os"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/wire"

@@ -3,12 +3,12 @@ package replay_test
 import (
 	"context"
 	"fmt"
-	"github.com/rmqtx/rmqtx/schema"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/replay"
+	"github.com/rmqtx/rmqtx/schema"
 )
 
 // Replay yesterday's dead letters of one group, five per second, once the

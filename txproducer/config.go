@@ -3,7 +3,6 @@ package txproducer
 import (
 	"context"
 	"fmt"
-	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"strings"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"

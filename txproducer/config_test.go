@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -89,6 +91,11 @@ func TestRetryAdvice(t *testing.T) {
 		{wrap(txproducer.ErrDatabase), txproducer.RetryWithNewID},
 		{wrap(txproducer.ErrFenced), txproducer.RetryWithNewID},
 		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, errors.New("declined")), txproducer.DontRetry},
+		// the database rolled the caller's transaction back: run it again
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}), txproducer.RetryWithNewID},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "40001", Message: "could not serialize access"}), txproducer.RetryWithNewID},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}), txproducer.RetryWithNewID},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "23505", Message: "duplicate key"}), txproducer.DontRetry},
 		{wrap(txproducer.ErrEventIDConflict), txproducer.DontRetry},
 		{wrap(txproducer.ErrInvalidMessage), txproducer.DontRetry},
 		{wrap(txproducer.ErrPayloadTooLarge), txproducer.DontRetry},

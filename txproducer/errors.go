@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/rmqtx/rmqtx/internal/dialect"
 )
 
 // Sentinel errors. Every error from this package wraps one of them. Which
@@ -136,7 +138,10 @@ func (a Advice) String() string {
 
 // RetryAdvice classifies a Send error: RetryWithSameID for ErrCommitUnknown
 // (the only one whose outcome is open), RetryWithNewID for ErrSend,
-// ErrDatabase and ErrFenced (nothing committed, the id is spent),
+// ErrDatabase and ErrFenced (nothing committed, the id is spent), and for
+// an ErrLocalTx whose cause is the database rolling the transaction back
+// (a deadlock, a serialization failure under REPEATABLE READ or
+// SERIALIZABLE, a lock wait timeout: running it again may succeed),
 // DontRetry for everything else, nil included.
 func RetryAdvice(err error) Advice {
 	switch {
@@ -145,6 +150,8 @@ func RetryAdvice(err error) Advice {
 	case errors.Is(err, ErrCommitUnknown):
 		return RetryWithSameID
 	case errors.Is(err, ErrSend), errors.Is(err, ErrDatabase), errors.Is(err, ErrFenced):
+		return RetryWithNewID
+	case errors.Is(err, ErrLocalTx) && dialect.RolledBack(err):
 		return RetryWithNewID
 	default:
 		return DontRetry

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rmqtx/rmqtx/schema"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 

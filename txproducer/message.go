@@ -3,13 +3,13 @@ package txproducer
 import (
 	"context"
 	"fmt"
-	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 )
 
 // LocalTxFunc is the caller's part of the local transaction. It runs after

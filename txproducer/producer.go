@@ -287,13 +287,10 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	if !p.cfg.DisablePayloadStorage {
 		c.row.Payload = msg.Payload
 	}
-	if msg.EventID != "" && p.decided(ctx, c) {
-		// A retry of an id with a decision: answered from the txlog, with
-		// no half message and without running fn.
-		p.count(msg.EventType, c)
-		res.State, res.Duplicate = c.state, c.dup
-		return res, c.err
-	}
+	// A caller-supplied id is not looked up first: the local transaction
+	// inserts its txlog row before anything else, and a duplicate key there
+	// decides from the existing row (duplicate) and rolls this half back,
+	// so the first Send of an id costs what an assigned id costs.
 	// The half's UNIQ_KEY is chosen here, not by the client (which keeps a
 	// preset one), so the txlog row that names it can be written while the
 	// half is in flight.
@@ -355,21 +352,6 @@ func (p *Producer) count(eventType string, c *call) {
 		result = "rolled_back"
 	}
 	m.ProducerSends.WithLabelValues(p.cfg.Group, eventType, result).Inc()
-}
-
-// decided looks up a caller-supplied event id before anything is sent. It
-// reports true, with c's outcome set, when the id already has a row. Not
-// found, or a failed lookup, sends as usual: the local transaction's
-// insert-first decides then.
-func (p *Producer) decided(ctx context.Context, c *call) bool {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.CheckTimeout)
-	defer cancel()
-	row, err := p.log.Get(ctx, c.row.EventID)
-	if err != nil {
-		return false
-	}
-	p.existing(c, row)
-	return true
 }
 
 // existing sets c's outcome from the row another Send left for its event

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/rmqtx/rmqtx/schema"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/schema"
 )
 
 // claimHistogram reads the outbox claim-latency histogram: how many claim

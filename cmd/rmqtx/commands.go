@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/rmqtx/rmqtx/outbox"
 	"io"
 	"slices"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/rmqtx/rmqtx/archive"
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/replay"
 	"github.com/rmqtx/rmqtx/schema"
 )

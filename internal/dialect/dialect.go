@@ -211,6 +211,19 @@ func IsRetryable(d Dialect, err error) bool {
 	return err != nil && (d.IsDeadlock(err) || d.IsLockTimeout(err))
 }
 
+// RolledBack reports an error after which a transaction is gone and may
+// run again whole, on any database rmqtx supports: a deadlock, a
+// serialization failure or a lock wait timeout. Callers that see an error
+// without its database (txproducer.RetryAdvice) use it.
+func RolledBack(err error) bool {
+	for _, d := range All() {
+		if IsRetryable(d, err) {
+			return true
+		}
+	}
+	return false
+}
+
 // BeginReadCommitted begins a READ COMMITTED transaction, the level every
 // owner's short bookkeeping transaction (claim, fence, park) runs at.
 func BeginReadCommitted(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, error) {

@@ -9,7 +9,7 @@ PKGS ?= ./...
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
-up: ## install (if missing) and start MariaDB + RocketMQ on 127.0.0.1
+up: ## install (if missing) and start MariaDB, PostgreSQL and RocketMQ on 127.0.0.1
 	@bash scripts/services.sh up
 
 down: ## stop the services this repo started
@@ -21,8 +21,8 @@ status: ## show which services run
 logs: ## tail the services' logs
 	@bash scripts/services.sh logs
 
-demo: ## the main job: start the services and run the end-to-end demo
-	@bash scripts/demo.sh
+demo: ## the main job: start the services and run the end-to-end demo (DB=postgres: on PostgreSQL)
+	@DB=$(DB) bash scripts/demo.sh
 
 test: ## the whole suite on a fresh machine: installs, starts services, runs every test
 	@bash scripts/test.sh
@@ -41,5 +41,5 @@ lint: ## gofmt, go vet and staticcheck
 fuzz: ## run every fuzz target briefly (FUZZTIME=30000x inputs each)
 	@bash scripts/fuzz.sh
 
-bench: ## raw client vs rmqtx, side by side, with ratios, on the upstream client (RMQTX_BENCH_CLIENT=patched)
-	@bash scripts/bench.sh
+bench: ## raw client vs rmqtx, side by side, with ratios, on the upstream client (RMQTX_BENCH_CLIENT=patched; DB=postgres)
+	@DB=$(DB) bash scripts/bench.sh

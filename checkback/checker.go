@@ -14,11 +14,11 @@ import (
 	"github.com/sirupsen/logrus"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // PropProbe marks the warm-up half messages a producer sends on Start. They
@@ -128,14 +128,14 @@ func QueryFromMessage(m *primitive.MessageExt) Query {
 		born = time.UnixMilli(m.BornTimestamp)
 	}
 	return Query{
-		EventID:     m.GetProperty(envelope.PropEventID),
+		EventID:     m.GetProperty(wire.PropEventID),
 		Group:       m.GetProperty(primitive.PropertyProducerGroup),
 		Topic:       topic,
 		Tags:        m.GetTags(),
 		Keys:        m.GetKeys(),
-		EventType:   m.GetProperty(envelope.PropEventType),
-		BusinessKey: m.GetProperty(envelope.PropBusinessKey),
-		PayloadHash: m.GetProperty(envelope.PropPayloadHash),
+		EventType:   m.GetProperty(wire.PropEventType),
+		BusinessKey: m.GetProperty(wire.PropBusinessKey),
+		PayloadHash: m.GetProperty(wire.PropPayloadHash),
 		HalfKey:     m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex),
 		BornAt:      born,
 		Properties:  m.GetProperties(),

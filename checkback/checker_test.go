@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // fakeLog is an in-memory txlog for decision-rule unit tests. The real
@@ -118,19 +118,19 @@ func TestDecisionRule(t *testing.T) {
 // committedRow is the row txproducer writes for a committed event, with
 // the UNIQ_KEY of the half that committed it among its properties.
 func committedRow(id, topic, half string, body []byte) txlog.Row {
-	props := envelope.Envelope{EventID: id, EventType: "T"}.Properties(body)
+	props := wire.Envelope{EventID: id, EventType: "T"}.Properties(body)
 	if half != "" {
 		props[primitive.PropertyUniqueClientMessageIdKeyIndex] = half
 	}
 	js, _ := json.Marshal(props)
 	return txlog.Row{EventID: id, ProducerGroup: "g", Topic: topic, Tags: "tag", Keys: id, EventType: "T",
-		State: txlog.StateCommitted, Payload: body, PayloadHash: envelope.Hash(body), Properties: string(js), ResolvedBy: txlog.ByLocalCommit}
+		State: txlog.StateCommitted, Payload: body, PayloadHash: wire.Hash(body), Properties: string(js), ResolvedBy: txlog.ByLocalCommit}
 }
 
 // halfMessage builds a half message as a check request carries it.
 func halfMessage(group, id, half string, body []byte) *primitive.MessageExt {
 	m := &primitive.MessageExt{Message: primitive.Message{Topic: "RMQ_SYS_TRANS_HALF_TOPIC", Body: body}, BornTimestamp: now.UnixMilli()}
-	props := envelope.Envelope{EventID: id, EventType: "T"}.Properties(body)
+	props := wire.Envelope{EventID: id, EventType: "T"}.Properties(body)
 	for k, v := range map[string]string{"REAL_TOPIC": "orders", "TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": half, "KEYS": id} {
 		props[k] = v
 	}
@@ -187,10 +187,10 @@ func TestProbeMessagesRollBack(t *testing.T) {
 func TestCheckFromMessage(t *testing.T) {
 	t.Parallel()
 	log := newFakeLog()
-	log.rows["e1"] = txlog.Row{EventID: "e1", State: txlog.StateCommitted, PayloadHash: envelope.Hash([]byte("x"))}
+	log.rows["e1"] = txlog.Row{EventID: "e1", State: txlog.StateCommitted, PayloadHash: wire.Hash([]byte("x"))}
 	c := checker(t, log, nil)
 	m := &primitive.MessageExt{Message: primitive.Message{Topic: "t", Body: []byte("x")}, BornTimestamp: now.UnixMilli()}
-	m.WithProperties(envelope.Envelope{EventID: "e1", EventType: "T"}.Properties([]byte("x")))
+	m.WithProperties(wire.Envelope{EventID: "e1", EventType: "T"}.Properties([]byte("x")))
 	a := c.Check(context.Background(), m)
 	require.Equal(t, checkback.Commit, a.Decision)
 	require.Equal(t, primitive.CommitMessageState, a.Decision.LocalTransactionState())

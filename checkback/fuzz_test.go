@@ -7,7 +7,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // FuzzCheckRequest feeds what a check request or a discarded half message
@@ -16,7 +16,7 @@ import (
 // real topic from the properties. (Package discard fuzzes the properties of
 // a re-published message.)
 func FuzzCheckRequest(f *testing.F) {
-	env := envelope.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", BusinessKey: "k"}
+	env := wire.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", BusinessKey: "k"}
 	m := primitive.NewMessage("RMQ_SYS_TRANS_HALF_TOPIC", nil)
 	m.WithProperties(env.Properties([]byte("{}")))
 	m.WithProperty(primitive.PropertyRealTopic, "orders")
@@ -30,8 +30,8 @@ func FuzzCheckRequest(f *testing.F) {
 		ext.UnmarshalProperties([]byte(props))
 		p := ext.GetProperties()
 		q := checkback.QueryFromMessage(ext)
-		if q.EventID != p[envelope.PropEventID] {
-			t.Fatalf("event id %q read as %q", p[envelope.PropEventID], q.EventID)
+		if q.EventID != p[wire.PropEventID] {
+			t.Fatalf("event id %q read as %q", p[wire.PropEventID], q.EventID)
 		}
 		want := topic
 		if rt := p[primitive.PropertyRealTopic]; rt != "" {

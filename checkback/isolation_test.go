@@ -11,11 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // The check reads committed data only, even through a pool whose sessions
@@ -38,7 +38,7 @@ func TestCheckReadsCommittedOnly(t *testing.T) {
 	c, err := checkback.New(checkback.Config{Log: ru, Group: "g", FenceAge: 4 * time.Second, QueryTimeout: 500 * time.Millisecond})
 	require.NoError(t, err)
 
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	body := []byte(`{"ghost":true}`)
 	row := committedRow(id, "orders", "u1", body)
 	row.ProducerGroup = "g"
@@ -49,7 +49,7 @@ func TestCheckReadsCommittedOnly(t *testing.T) {
 	require.NoError(t, ru.DB().Get(&dirty, "SELECT COUNT(*) FROM "+ru.Table()+" WHERE event_id = ?", id))
 	require.Equal(t, 1, dirty, "precondition: the session reads uncommitted rows")
 
-	q := checkback.Query{EventID: id, Topic: "orders", PayloadHash: envelope.Hash(body)}
+	q := checkback.Query{EventID: id, Topic: "orders", PayloadHash: wire.Hash(body)}
 	young := q
 	young.BornAt = time.Now()
 	a := c.CheckQuery(ctx, young)

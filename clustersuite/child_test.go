@@ -18,11 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Environment of a child process.
@@ -79,7 +79,7 @@ func TestHelperProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.Start(context.Background()))
 	for i := 0; i < childTries; i++ {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		fmt.Printf("ATTEMPT %s\n", id)
 		ctx, cancel := context.WithCancel(context.Background())
 		mu.Lock()

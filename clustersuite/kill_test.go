@@ -18,13 +18,13 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // routeRefresh is rocketmq-client-go's route refresh period: a client keeps
@@ -90,7 +90,7 @@ func TestBrokerKilledUnderLoad(t *testing.T) {
 	var held []string
 	var wg sync.WaitGroup
 	for try := 0; len(held) < 2 && try < 24; try++ {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		a := &testbed.Attempt{ID: id, Source: "tx"}
 		b.Record(a)
 		wg.Add(1)
@@ -121,7 +121,7 @@ func TestBrokerKilledUnderLoad(t *testing.T) {
 	var pinned, firsts []string
 	for _, agg := range aggregatesOn(b.Route, "broker-b", 2) {
 		for v := int64(1); v <= 2; v++ {
-			e := b.OutboxEvent(envelope.NewEventID(), agg, v)
+			e := b.OutboxEvent(wire.NewEventID(), agg, v)
 			require.NoError(t, b.EnqueueOutbox(context.Background(), e, false, d))
 			pinned = append(pinned, e.EventID)
 			if v == 1 {

@@ -9,9 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Batch mode killed after a batch's commit, before its ACK: the batch is
@@ -26,7 +26,7 @@ func TestCrashAfterBatchCommit(t *testing.T) {
 	ids := make([]string, n)
 	pub := newPublisher(t)
 	for i := range ids {
-		ids[i] = envelope.NewEventID()
+		ids[i] = wire.NewEventID()
 		pub.send(topic, ev(ids[i], "Created"), fmt.Appendf(nil, `{"n":%d}`, i))
 	}
 

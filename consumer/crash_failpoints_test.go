@@ -11,9 +11,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 const (
@@ -57,7 +57,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	db := setupDB(t)
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 2)
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	newPublisher(t).send(topic, ev(id, "Created"), []byte(`{"n":1}`))
 
 	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{

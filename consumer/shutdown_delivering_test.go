@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // reqQueryConsumerOffset is the broker's QUERY_CONSUMER_OFFSET request.
@@ -76,7 +76,7 @@ func TestShutdownWhileDelivering(t *testing.T) {
 				}
 				// Errors are counted, not fatal: the name server learns a
 				// new round's topic a moment after it is created.
-				e := ev(envelope.NewEventID(), "Created")
+				e := ev(wire.NewEventID(), "Created")
 				m := primitive.NewMessage(*topic, []byte(`{}`))
 				m.WithProperties(e.Properties([]byte(`{}`)))
 				if _, err := pb.p.SendSync(ctx, m); err != nil {

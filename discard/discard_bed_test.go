@@ -16,11 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // discardWait bounds waiting for the test broker to discard a half message:
@@ -56,7 +56,7 @@ type unknownListener struct {
 }
 
 func (l *unknownListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
-	id := m.GetProperty(envelope.PropEventID)
+	id := m.GetProperty(wire.PropEventID)
 	l.mu.Lock()
 	act := l.actions[id]
 	l.mu.Unlock()
@@ -133,14 +133,14 @@ func (b *discardBed) payload(id string) []byte { return []byte(`{"order":"` + id
 // local transaction; the broker discards the half some 13 s later.
 func (b *discardBed) sendHalf(t *testing.T, action localAction) string {
 	t.Helper()
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	body := b.payload(id)
-	props := envelope.Envelope{EventID: id, EventType: "OrderPlaced", BusinessKey: "order-" + id[:8]}.Properties(body)
+	props := wire.Envelope{EventID: id, EventType: "OrderPlaced", BusinessKey: "order-" + id[:8]}.Properties(body)
 	js, err := json.Marshal(props)
 	require.NoError(t, err)
 	row := txlog.Row{EventID: id, ProducerGroup: b.group, Topic: b.topic, Tags: "placed", Keys: id, EventType: "OrderPlaced",
-		State: txlog.StateCommitted, Payload: body, PayloadHash: props[envelope.PropPayloadHash], Properties: string(js),
-		BusinessKey: props[envelope.PropBusinessKey], ResolvedBy: txlog.ByLocalCommit}
+		State: txlog.StateCommitted, Payload: body, PayloadHash: props[wire.PropPayloadHash], Properties: string(js),
+		BusinessKey: props[wire.PropBusinessKey], ResolvedBy: txlog.ByLocalCommit}
 	switch action {
 	case commitRowNoPayload:
 		row.Payload = nil
@@ -187,10 +187,10 @@ func (b *discardBed) sendHalf(t *testing.T, action localAction) string {
 // producer answers its checks, so the broker discards it some 13 s later.
 func (b *discardBed) sendRacingHalves(t *testing.T) (id, winner, loser string) {
 	t.Helper()
-	id = envelope.NewEventID()
+	id = wire.NewEventID()
 	winner, loser = primitive.CreateUniqID(), primitive.CreateUniqID()
 	body := b.payload(id)
-	props := envelope.Envelope{EventID: id, EventType: "OrderPlaced", BusinessKey: "order-" + id[:8]}.Properties(body)
+	props := wire.Envelope{EventID: id, EventType: "OrderPlaced", BusinessKey: "order-" + id[:8]}.Properties(body)
 	rowProps := map[string]string{primitive.PropertyUniqueClientMessageIdKeyIndex: winner}
 	for k, v := range props {
 		rowProps[k] = v
@@ -198,8 +198,8 @@ func (b *discardBed) sendRacingHalves(t *testing.T) (id, winner, loser string) {
 	js, err := json.Marshal(rowProps)
 	require.NoError(t, err)
 	row := txlog.Row{EventID: id, ProducerGroup: b.group, Topic: b.topic, Tags: "placed", Keys: id, EventType: "OrderPlaced",
-		State: txlog.StateCommitted, Payload: body, PayloadHash: props[envelope.PropPayloadHash], Properties: string(js),
-		BusinessKey: props[envelope.PropBusinessKey], ResolvedBy: txlog.ByLocalCommit}
+		State: txlog.StateCommitted, Payload: body, PayloadHash: props[wire.PropPayloadHash], Properties: string(js),
+		BusinessKey: props[wire.PropBusinessKey], ResolvedBy: txlog.ByLocalCommit}
 	b.l.mu.Lock()
 	b.l.commit[winner] = true
 	b.l.actions[id] = func() error {
@@ -241,9 +241,9 @@ func (b *discardBed) sendRacingHalves(t *testing.T) (id, winner, loser string) {
 // every earlier message has been delivered: counts are final afterwards.
 func (b *discardBed) settle(t *testing.T) testenv.Snapshot {
 	t.Helper()
-	marker := envelope.NewEventID()
+	marker := wire.NewEventID()
 	m := primitive.NewMessage(b.topic, []byte("marker"))
-	m.WithProperty(envelope.PropEventID, marker)
+	m.WithProperty(wire.PropEventID, marker)
 	_, err := testenv.Producer(t).SendSync(context.Background(), m)
 	require.NoError(t, err)
 	require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[marker] > 0 }), "marker not delivered")

@@ -16,10 +16,10 @@ import (
 
 	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/inspect"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // These tests make the real broker discard half messages (see discardBed)
@@ -137,7 +137,7 @@ func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 		for _, m := range msgs {
 			if m.GetProperty(primitive.PropertyProducerGroup) == b.group {
 				mu.Lock()
-				bounced[m.GetProperty(envelope.PropEventID)] = true
+				bounced[m.GetProperty(wire.PropEventID)] = true
 				mu.Unlock()
 				if cc, ok := primitive.GetConcurrentlyCtx(ctx); ok {
 					cc.DelayLevelWhenNextConsume = 1

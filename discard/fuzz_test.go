@@ -7,7 +7,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // FuzzRepublishProperties feeds the properties blob of a discarded half
@@ -16,7 +16,7 @@ import (
 // envelope, or fail the same way), drop every transaction property, and
 // add nothing.
 func FuzzRepublishProperties(f *testing.F) {
-	env := envelope.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", BusinessKey: "k"}
+	env := wire.Envelope{EventID: "0190a1b2-0000-7000-8000-000000000001", EventType: "OrderPlaced", BusinessKey: "k"}
 	m := primitive.NewMessage(discard.Topic, nil)
 	m.WithProperties(env.Properties([]byte("{}")))
 	m.WithProperty(primitive.PropertyRealTopic, "orders")
@@ -44,8 +44,8 @@ func FuzzRepublishProperties(f *testing.F) {
 				t.Fatalf("re-published property %q=%q was not on the half message", k, v)
 			}
 		}
-		e1, err1 := envelope.Decode(p)
-		e2, err2 := envelope.Decode(out)
+		e1, err1 := wire.Decode(p)
+		e2, err2 := wire.Decode(out)
 		if (err1 == nil) != (err2 == nil) || !reflect.DeepEqual(e1, e2) {
 			t.Fatalf("re-publishing changed the envelope: %+v (%v) -> %+v (%v)", e1, err1, e2, err2)
 		}

@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Recovery reads committed data only, even through a pool whose sessions
@@ -32,7 +32,7 @@ func TestRecoveryReadsCommittedOnly(t *testing.T) {
 	pub := &fakePublisher{}
 	rec := recovery(t, ru, pub, func(cfg *discard.Config) { cfg.QueryTimeout = 500 * time.Millisecond })
 
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	body := []byte(`{"ghost":true}`)
 	row := committedRow(id, "orders", body)
 	row.ProducerGroup = "g"

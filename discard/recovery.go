@@ -19,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/remoting"
@@ -27,6 +26,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Settings of the recovery consumer that are not configurable.
@@ -288,7 +288,7 @@ func (r *Recovery) decide(m *primitive.MessageExt) bool {
 		_, _ = r.Handle(r.runCtx, m) // not ours, or logged and left alone
 		return true
 	}
-	id := m.GetProperty(envelope.PropEventID)
+	id := m.GetProperty(wire.PropEventID)
 	release, ok := r.acquire(id)
 	if !ok {
 		return false
@@ -315,7 +315,7 @@ func (r *Recovery) decide(m *primitive.MessageExt) bool {
 // recovery must decide.
 func (r *Recovery) ours(m *primitive.MessageExt) bool {
 	return m.GetProperty(primitive.PropertyProducerGroup) == r.cfg.Group && m.GetProperty(checkback.PropProbe) == "" &&
-		m.GetProperty(envelope.PropEventID) != ""
+		m.GetProperty(wire.PropEventID) != ""
 }
 
 // acquire makes sure one event id is decided by one goroutine at a time in
@@ -438,7 +438,7 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 			"not the committed half: UNIQ_KEY "+q.HalfKey+", the row's is "+checkback.CommittedHalf(row))
 		return res, err
 	}
-	if bodyHash := envelope.Hash(m.Body); (q.PayloadHash != "" && q.PayloadHash != bodyHash) || (row.PayloadHash != "" && row.PayloadHash != bodyHash) {
+	if bodyHash := wire.Hash(m.Body); (q.PayloadHash != "" && q.PayloadHash != bodyHash) || (row.PayloadHash != "" && row.PayloadHash != bodyHash) {
 		// Not the half that committed either (an event id reused with
 		// another payload, whose local transaction failed on the duplicate
 		// key).

@@ -18,9 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 type fakePublisher struct {
@@ -55,7 +55,7 @@ func discarded(group, id string, body []byte) *primitive.MessageExt {
 // discardedHalf is discarded for the half message whose UNIQ_KEY is half.
 func discardedHalf(group, id, half string, body []byte) *primitive.MessageExt {
 	m := &primitive.MessageExt{Message: primitive.Message{Topic: discard.Topic, Body: body}}
-	props := envelope.Envelope{EventID: id, EventType: "T"}.Properties(body)
+	props := wire.Envelope{EventID: id, EventType: "T"}.Properties(body)
 	for k, v := range map[string]string{
 		"REAL_TOPIC": "orders", "REAL_QID": "0", "TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": half,
 		"__transactionId__": half, "TRANSACTION_CHECK_TIMES": "5", "KEYS": id, "TAGS": "tag",
@@ -78,11 +78,11 @@ func redelivered(m *primitive.MessageExt) *primitive.MessageExt {
 // committedRow is the row txproducer writes for a committed event: its
 // properties record the UNIQ_KEY (u1) of the half that committed it.
 func committedRow(id, topic string, body []byte) txlog.Row {
-	props := envelope.Envelope{EventID: id, EventType: "T", Headers: map[string]string{"tenant": "t1"}}.Properties(body)
+	props := wire.Envelope{EventID: id, EventType: "T", Headers: map[string]string{"tenant": "t1"}}.Properties(body)
 	props["UNIQ_KEY"] = "u1"
 	js, _ := json.Marshal(props)
 	return txlog.Row{EventID: id, ProducerGroup: "g", Topic: topic, Tags: "tag", Keys: "k1 " + id, EventType: "T",
-		State: txlog.StateCommitted, Payload: body, PayloadHash: envelope.Hash(body), Properties: string(js), ResolvedBy: txlog.ByLocalCommit}
+		State: txlog.StateCommitted, Payload: body, PayloadHash: wire.Hash(body), Properties: string(js), ResolvedBy: txlog.ByLocalCommit}
 }
 
 func recovery(t *testing.T, log discard.Log, pub discard.Publisher, mods ...func(*discard.Config)) *discard.Recovery {
@@ -115,7 +115,7 @@ func TestRecoveryDecisions(t *testing.T) {
 	m := pub.sent[0]
 	require.Equal(t, "orders", m.Topic)
 	require.Equal(t, body, m.Body)
-	require.Equal(t, "c", m.GetProperty(envelope.PropEventID), "same event id")
+	require.Equal(t, "c", m.GetProperty(wire.PropEventID), "same event id")
 	require.Equal(t, "u1", m.GetProperty("UNIQ_KEY"))
 	require.Equal(t, "tag", m.GetTags())
 	for _, k := range []string{"TRAN_MSG", "PGROUP", "REAL_TOPIC", "REAL_QID", "__transactionId__", "TRANSACTION_CHECK_TIMES"} {
@@ -176,8 +176,8 @@ func TestRecoveryIgnoresTravelledRealTopic(t *testing.T) {
 	require.Equal(t, body, out.Body)
 	require.Equal(t, "tag", out.GetTags())
 	require.Equal(t, "k1 c", out.GetKeys())
-	require.Equal(t, "t1", out.GetProperty(envelope.HeaderPrefix+"tenant"), "the envelope comes from the row's properties")
-	require.Equal(t, envelope.Hash(body), out.GetProperty(envelope.PropPayloadHash))
+	require.Equal(t, "t1", out.GetProperty(wire.HeaderPrefix+"tenant"), "the envelope comes from the row's properties")
+	require.Equal(t, wire.Hash(body), out.GetProperty(wire.PropPayloadHash))
 	require.Empty(t, out.GetProperty("RMQTX_STRAY"), "nothing is copied from the travelled message")
 	for _, k := range []string{"RETRY_TOPIC", "REAL_TOPIC", "RECONSUME_TIME", "PGROUP"} {
 		require.Empty(t, out.GetProperty(k), k)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Topic is where the broker moves a half message after transactionCheckMax
@@ -76,9 +76,9 @@ func RepublishMessage(row txlog.Row) (*primitive.Message, error) {
 	}
 	props = RepublishProperties(props)
 	// The columns win over their copies in the stored properties.
-	props[envelope.PropEventID] = row.EventID
-	for k, v := range map[string]string{envelope.PropEventType: row.EventType, envelope.PropBusinessKey: row.BusinessKey,
-		envelope.PropPayloadHash: row.PayloadHash} {
+	props[wire.PropEventID] = row.EventID
+	for k, v := range map[string]string{wire.PropEventType: row.EventType, wire.PropBusinessKey: row.BusinessKey,
+		wire.PropPayloadHash: row.PayloadHash} {
 		if v != "" {
 			props[k] = v
 		}
@@ -103,9 +103,9 @@ func notRepublishable(row txlog.Row) string {
 	switch {
 	case row.Topic == "":
 		return "the row has no topic"
-	case len(row.Payload) == 0 && row.PayloadHash != envelope.Hash(nil):
+	case len(row.Payload) == 0 && row.PayloadHash != wire.Hash(nil):
 		return "no payload stored (payload storage disabled, or a resolver's decision)"
-	case row.PayloadHash != "" && envelope.Hash(row.Payload) != row.PayloadHash:
+	case row.PayloadHash != "" && wire.Hash(row.Payload) != row.PayloadHash:
 		return "the stored payload does not match its hash"
 	case row.Properties != "" && json.Unmarshal([]byte(row.Properties), &map[string]string{}) != nil:
 		return "the stored properties are not a JSON object of strings"

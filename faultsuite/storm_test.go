@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 const (
@@ -44,7 +44,7 @@ func TestDuplicateStorm(t *testing.T) {
 	n := cfg.storm
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = envelope.NewEventID()
+		ids[i] = wire.NewEventID()
 		b.Publish(ids[i])
 		b.Record(&testbed.Attempt{ID: ids[i], Source: "storm", Answered: true})
 	}
@@ -59,7 +59,7 @@ func TestDuplicateStorm(t *testing.T) {
 			defer wg.Done()
 			for id := range work {
 				body := testbed.Payload(id)
-				props := envelope.Envelope{EventID: id, EventType: testbed.EventType}.Properties(body)
+				props := wire.Envelope{EventID: id, EventType: testbed.EventType}.Properties(body)
 				for c := 0; c < stormCopies; c++ {
 					m := primitive.NewMessage(b.Topic, body)
 					m.WithProperties(props)
@@ -97,7 +97,7 @@ func TestDuplicateStorm(t *testing.T) {
 	}
 	var applied, dups, conflicts, conflictIDs int
 	for r := 0; r < races; r++ {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		conflict := r%10 == 9
 		b.Publish(id)
 		b.Direct(id)
@@ -111,7 +111,7 @@ func TestDuplicateStorm(t *testing.T) {
 			if conflict && i%2 == 1 {
 				body = []byte(`{"order":"` + id + `","amount":43}`)
 			}
-			m := consumer.Message{Body: body, Properties: envelope.Envelope{EventID: id, EventType: testbed.EventType}.Properties(body),
+			m := consumer.Message{Body: body, Properties: wire.Envelope{EventID: id, EventType: testbed.EventType}.Properties(body),
 				Delivery: consumer.Delivery{Topic: b.Topic, MsgID: fmt.Sprintf("race-%d-%d", r, i), StoredAt: time.Now().UTC()}}
 			rw.Add(1)
 			go func() {

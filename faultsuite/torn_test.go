@@ -17,10 +17,10 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // commitLogFileSize is mappedFileSizeCommitLog in scripts/rocketmq/broker.conf.
@@ -57,8 +57,8 @@ func TestTornRecordIsDropped(t *testing.T) {
 	send := func(p rocketmq.Producer, id string) *primitive.SendResult {
 		t.Helper()
 		m := primitive.NewMessage(topic, []byte(`{"order":"`+id+`"}`))
-		m.WithProperty(envelope.PropEventID, id)
-		m.WithProperty(envelope.PropEventType, testbed.EventType)
+		m.WithProperty(wire.PropEventID, id)
+		m.WithProperty(wire.PropEventType, testbed.EventType)
 		m.WithProperty("suite", "faultsuite torn record")
 		var res *primitive.SendResult
 		testenv.Eventually(t, 60*time.Second, "a stored send of "+id, func() bool {
@@ -71,7 +71,7 @@ func TestTornRecordIsDropped(t *testing.T) {
 		})
 		return res
 	}
-	before, torn := envelope.NewEventID(), envelope.NewEventID()
+	before, torn := wire.NewEventID(), wire.NewEventID()
 	p := testenv.Producer(t)
 	send(p, before)
 	res := send(p, torn)
@@ -112,12 +112,12 @@ func TestTornRecordIsDropped(t *testing.T) {
 	var ids []string
 	for _, m := range got {
 		t.Logf("queue offset %d: %s", m.QueueOffset, testenv.Describe(m))
-		ids = append(ids, m.GetProperty(envelope.PropEventID))
+		ids = append(ids, m.GetProperty(wire.PropEventID))
 	}
 	require.Equal(t, []string{before}, ids, "after recovery the queue holds the intact record only; the torn one (%d bytes at %d) was truncated away", total, off)
 
 	// The next send takes the torn record's slot.
-	res2 := send(testenv.Producer(t), envelope.NewEventID())
+	res2 := send(testenv.Producer(t), wire.NewEventID())
 	require.Equal(t, int64(1), res2.QueueOffset, "the torn record's queue slot is reused")
 }
 

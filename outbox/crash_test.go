@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,9 +206,6 @@ func TestCrashAfterSend(t *testing.T) {
 // sessions; TestHeldClaimZombie checks that).
 func TestPausedDispatcherIsOvertaken(t *testing.T) {
 	t.Parallel()
-	if !failpoint.Enabled {
-		t.Fatal("needs -tags failpoints (the helper child)")
-	}
 	b := newBed(t)
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
@@ -219,9 +215,8 @@ func TestPausedDispatcherIsOvertaken(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcessOutbox$", "-test.count=1")
-	cmd.Env = append(os.Environ(), testenv.EnvChild+"=TestHelperProcessOutbox",
-		envHelperDB+"="+testenv.DBName(t, b.db), envHelperMode+"="+modePause)
+	cmd := testenv.Child{Test: "TestHelperProcessOutbox", Env: []string{
+		envHelperDB + "=" + testenv.DBName(t, b.db), envHelperMode + "=" + modePause}}.Command(ctx)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout

@@ -4,10 +4,22 @@
 #
 #   bash scripts/demo.sh [flags for examples/payment]   e.g. -payments 500
 #   bash scripts/demo.sh reconcile [-db NAME]           reconcile a demo database again
+#   DB=postgres bash scripts/demo.sh                    the same on PostgreSQL (make demo DB=postgres)
 #
-# The exit status is the example's: 0 when reconciliation finds no discrepancy.
+# DB is mariadb (the default; mysql is the same) or postgres. The exit status
+# is the example's: 0 when reconciliation finds no discrepancy, which
+# includes `rmqtx stuck`'s query listing nothing once the run is quiescent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case ${DB:-mariadb} in
+  mariadb | mysql) engine=mysql ;;
+  postgres | postgresql | pg) engine=postgres ;;
+  *) echo "demo: DB is mariadb (default) or postgres, not ${DB}" >&2; exit 2 ;;
+esac
 bash scripts/services.sh up
 eval "$(bash scripts/services.sh env)"
-exec go run ./examples/payment "$@"
+if [[ ${1:-} == reconcile ]]; then
+  shift
+  exec go run ./examples/payment reconcile -engine "$engine" "$@"
+fi
+exec go run ./examples/payment -engine "$engine" "$@"

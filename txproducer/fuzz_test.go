@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // FuzzMessageContract feeds Send's validation with arbitrary caller input.
@@ -29,7 +29,7 @@ func FuzzMessageContract(f *testing.F) {
 			m.Headers = map[string]string{hk: hv}
 		}
 		if id == "" {
-			id = envelope.NewEventID()
+			id = wire.NewEventID()
 		}
 		env := m.envelope(id)
 		if err := validate(m, env, 1<<16); err != nil {
@@ -44,13 +44,13 @@ func FuzzMessageContract(f *testing.F) {
 				t.Fatalf("accepted property %q=%q contains a RocketMQ separator", k, v)
 			}
 		}
-		got, err := envelope.Decode(props)
+		got, err := wire.Decode(props)
 		if err != nil {
 			t.Fatalf("accepted message does not decode: %v", err)
 		}
 		if env.AggregateType == "" {
 			// The wire carries an aggregate version only with an aggregate
-			// (envelope.Properties); without one it is unversioned.
+			// (wire.Properties); without one it is unversioned.
 			env.AggregateVersion = 0
 		}
 		if len(env.Headers) == 0 && len(got.Headers) == 0 {
@@ -59,7 +59,7 @@ func FuzzMessageContract(f *testing.F) {
 		if !reflect.DeepEqual(got, env) {
 			t.Fatalf("decoded %+v, sent %+v", got, env)
 		}
-		if props[envelope.PropPayloadHash] != envelope.Hash(m.Payload) {
+		if props[wire.PropPayloadHash] != wire.Hash(m.Payload) {
 			t.Fatal("payload hash property does not match the payload")
 		}
 		raw, err := json.Marshal(props)

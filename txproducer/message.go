@@ -8,8 +8,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // LocalTxFunc is the caller's part of the local transaction. It runs after
@@ -105,7 +105,7 @@ func checkToken(field, v string, max int) error {
 
 // validate checks m against the producer's limits; env is the envelope
 // with the event id assigned.
-func validate(m Message, env envelope.Envelope, maxPayload int) error {
+func validate(m Message, env wire.Envelope, maxPayload int) error {
 	if err := rmqname.Topic(m.Topic); err != nil {
 		return wrapf(ErrInvalidMessage, "topic %v", err)
 	}
@@ -122,7 +122,7 @@ func validate(m Message, env envelope.Envelope, maxPayload int) error {
 		if k == "" || strings.Contains(k, " ") {
 			return wrapf(ErrInvalidMessage, "key %q: keys are non-empty and contain no space", k)
 		}
-		if err := checkToken("key", k, envelope.MaxKeyLen); err != nil {
+		if err := checkToken("key", k, wire.MaxKeyLen); err != nil {
 			return err
 		}
 	}
@@ -157,8 +157,8 @@ func (m Message) tag() string {
 	return m.EventType
 }
 
-func (m Message) envelope(id string) envelope.Envelope {
-	return envelope.Envelope{
+func (m Message) envelope(id string) wire.Envelope {
+	return wire.Envelope{
 		EventID: id, EventType: m.EventType, EventVersion: m.EventVersion,
 		AggregateType: m.AggregateType, AggregateID: m.AggregateID, AggregateVersion: m.AggregateVersion,
 		BusinessKey: m.BusinessKey, Headers: m.Headers,

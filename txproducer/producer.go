@@ -19,12 +19,12 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // firstHeartbeat is when rocketmq-client-go sends its first heartbeat after
@@ -255,7 +255,7 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 
 	id := msg.EventID
 	if id == "" {
-		id = envelope.NewEventID()
+		id = wire.NewEventID()
 	}
 	res := Result{EventID: id, State: StateRolledBack}
 	if fn == nil {
@@ -281,7 +281,7 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 
 	c := &call{ctx: ctx, fn: fn, props: props, state: StateRolledBack, row: txlog.Row{
 		EventID: id, ProducerGroup: p.cfg.Group, Topic: msg.Topic, Tags: msg.Tags, Keys: strings.Join(keys, " "),
-		EventType: msg.EventType, State: txlog.StateCommitted, PayloadHash: props[envelope.PropPayloadHash],
+		EventType: msg.EventType, State: txlog.StateCommitted, PayloadHash: props[wire.PropPayloadHash],
 		BusinessKey: msg.BusinessKey, ResolvedBy: txlog.ByLocalCommit,
 	}}
 	if !p.cfg.DisablePayloadStorage {

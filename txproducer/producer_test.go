@@ -16,11 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 func TestConfigValidation(t *testing.T) {
@@ -193,7 +193,7 @@ func TestCommits(t *testing.T) {
 		}
 		return ""
 	}())
-	env, err := envelope.Decode(msg.GetProperties())
+	env, err := wire.Decode(msg.GetProperties())
 	require.NoError(t, err)
 	require.Equal(t, "OrderPlaced", env.EventType)
 	require.Contains(t, msg.GetKeys(), env.EventID, "the event id is in Keys")

@@ -12,9 +12,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // orphanListener is the first instance: for the ids in commit it writes a
@@ -31,7 +31,7 @@ type orphanListener struct {
 }
 
 func (l *orphanListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
-	id := m.GetProperty(envelope.PropEventID)
+	id := m.GetProperty(wire.PropEventID)
 	if !l.commit[id] {
 		return primitive.UnkonwnState
 	}
@@ -39,8 +39,8 @@ func (l *orphanListener) ExecuteLocalTransaction(m *primitive.Message) primitive
 	defer cancel()
 	err := l.store.Insert(ctx, l.store.DB(), txlog.Row{
 		EventID: id, ProducerGroup: l.group, Topic: m.Topic, Tags: m.GetTags(), Keys: m.GetKeys(),
-		EventType: m.GetProperty(envelope.PropEventType), State: txlog.StateCommitted,
-		Payload: m.Body, PayloadHash: m.GetProperty(envelope.PropPayloadHash), ResolvedBy: txlog.ByLocalCommit,
+		EventType: m.GetProperty(wire.PropEventType), State: txlog.StateCommitted,
+		Payload: m.Body, PayloadHash: m.GetProperty(wire.PropPayloadHash), ResolvedBy: txlog.ByLocalCommit,
 	})
 	if err != nil {
 		l.mu.Lock()
@@ -117,7 +117,7 @@ func checkbackRound(ctx context.Context, e *Env, store *txlog.Store, index, k in
 	)
 	col, err := e.rawPushConsumer(e.Names.Name("cbcollect"), topic, 4, func(_ context.Context, m *primitive.MessageExt) error {
 		mu.Lock()
-		delivered[m.GetProperty(envelope.PropEventID)] = true
+		delivered[m.GetProperty(wire.PropEventID)] = true
 		mu.Unlock()
 		return nil
 	})

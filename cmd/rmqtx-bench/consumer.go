@@ -11,8 +11,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/schema"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // drain is a consumer that counts processed messages.
@@ -162,7 +162,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				if err != nil {
 					return err
 				}
-				if _, err := tx.ExecContext(ctx, rawInsert, m.GetProperty(envelope.PropEventID), int64(len(m.Body)), m.Body); err != nil {
+				if _, err := tx.ExecContext(ctx, rawInsert, m.GetProperty(wire.PropEventID), int64(len(m.Body)), m.Body); err != nil {
 					_ = tx.Rollback()
 					return err
 				}
@@ -191,7 +191,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					return err
 				}
 				for _, m := range msgs {
-					if _, err := tx.ExecContext(ctx, rawBatchInsert, m.GetProperty(envelope.PropEventID), int64(len(m.Body)), m.Body); err != nil {
+					if _, err := tx.ExecContext(ctx, rawBatchInsert, m.GetProperty(wire.PropEventID), int64(len(m.Body)), m.Body); err != nil {
 						_ = tx.Rollback()
 						return err
 					}
@@ -215,7 +215,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		return func() (*drain, error) {
 			var c atomic.Int64
 			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
-				id := m.GetProperty(envelope.PropEventID)
+				id := m.GetProperty(wire.PropEventID)
 				tx, err := e.DB.BeginTxx(ctx, nil)
 				if err != nil {
 					return err

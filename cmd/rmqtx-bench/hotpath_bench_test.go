@@ -7,17 +7,17 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // In-process hot paths reachable through public APIs, beside
-// internal/envelope's own benchmarks: what the outbox sink builds per row,
+// wire's own benchmarks: what the outbox sink builds per row,
 // what the consumer converts per delivery, what a check decodes per request.
 
 func BenchmarkOutboxRocketMQMessage(b *testing.B) {
 	m := &outbox.Message{Event: outbox.Event{
-		EventID: envelope.NewEventID(), EventType: benchEventType, Destination: "bench_topic",
+		EventID: wire.NewEventID(), EventType: benchEventType, Destination: "bench_topic",
 		AggregateType: "Order", AggregateID: "order-000123", AggregateVersion: 2,
 		MessageKey: "pay-000123", Payload: makePayload(512, 1),
 	}, Attempt: 1}
@@ -28,13 +28,13 @@ func BenchmarkOutboxRocketMQMessage(b *testing.B) {
 }
 
 func benchExt() *primitive.MessageExt {
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	payload := makePayload(512, 1)
 	ext := &primitive.MessageExt{MsgId: id, QueueOffset: 42}
 	ext.Topic, ext.Body = "bench_topic", payload
 	ext.WithTag(benchEventType)
 	ext.WithKeys([]string{id})
-	ext.WithProperties(envelope.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
+	ext.WithProperties(wire.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
 	return ext
 }
 
@@ -51,10 +51,10 @@ func BenchmarkConsumerDecodeAndHash(b *testing.B) {
 	msg := consumer.MessageFromExt(benchExt())
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := envelope.Decode(msg.Properties); err != nil {
+		if _, err := wire.Decode(msg.Properties); err != nil {
 			b.Fatal(err)
 		}
-		_ = envelope.Hash(msg.Body)
+		_ = wire.Hash(msg.Body)
 	}
 }
 

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // runLocalTx isolates the database part of the producer: the raw listener's
@@ -47,7 +47,7 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, rawInsert, envelope.NewEventID(), int64(len(payload)), payload); err != nil {
+		if _, err := tx.ExecContext(ctx, rawInsert, wire.NewEventID(), int64(len(payload)), payload); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
@@ -58,7 +58,7 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 	logInsert := "INSERT INTO " + handLog + " (event_id, topic, state, payload, created_at) VALUES (?, ?, 'COMMITTED', ?, UTC_TIMESTAMP(6))"
 	handInsert := insertOrderSQL(logTable)
 	hand.op = hand.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		payload := makePayload(payloadSize, seq)
 		tx, err := e.DB.BeginTxx(ctx, nil)
 		if err != nil {
@@ -78,9 +78,9 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 	tx := &loopSide{side: &Side{Name: "rmqtx local tx (no broker)", Unit: "tx/s", Description: "BEGIN; txlog.Store.Insert (the row txproducer writes, payload stored); business INSERT; COMMIT"}, table: txTable}
 	txInsert := insertOrderSQL(txTable)
 	tx.op = tx.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		payload := makePayload(payloadSize, seq)
-		props := envelope.Envelope{EventID: id, EventType: benchEventType}.Properties(payload)
+		props := wire.Envelope{EventID: id, EventType: benchEventType}.Properties(payload)
 		propJSON, _ := json.Marshal(props)
 		t, err := e.DB.BeginTxx(ctx, nil)
 		if err != nil {
@@ -88,7 +88,7 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 		}
 		row := txlog.Row{
 			EventID: id, ProducerGroup: group, Topic: topic, Tags: benchEventType, Keys: id, EventType: benchEventType,
-			State: txlog.StateCommitted, Payload: payload, PayloadHash: props[envelope.PropPayloadHash],
+			State: txlog.StateCommitted, Payload: payload, PayloadHash: props[wire.PropPayloadHash],
 			Properties: string(propJSON), ResolvedBy: txlog.ByLocalCommit,
 		}
 		if noPayload {

@@ -15,10 +15,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // loopSide is one side of a closed-loop workload.
@@ -223,7 +223,7 @@ func rawTxSide(ctx context.Context, e *Env) (*loopSide, error) {
 	}
 	payloadSize := e.Opt.Payload
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		res, err := p.SendMessageInTransaction(ctx, rawMessage(topic, id, makePayload(payloadSize, seq)))
 		if err != nil {
 			return err
@@ -286,7 +286,7 @@ func rawTxLogSide(ctx context.Context, e *Env) (*loopSide, error) {
 	}
 	payloadSize := e.Opt.Payload
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := envelope.NewEventID()
+		id := wire.NewEventID()
 		res, err := p.SendMessageInTransaction(ctx, rawMessage(topic, id, makePayload(payloadSize, seq)))
 		if err != nil {
 			return err
@@ -314,7 +314,7 @@ func rawSendSyncSide(ctx context.Context, e *Env) (*loopSide, error) {
 	}
 	payloadSize := e.Opt.Payload
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
-		return sendSync(ctx, p, rawMessage(topic, envelope.NewEventID(), makePayload(payloadSize, seq)))
+		return sendSync(ctx, p, rawMessage(topic, wire.NewEventID(), makePayload(payloadSize, seq)))
 	})
 	return s, nil
 }
@@ -401,7 +401,7 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 	payloadSize := e.Opt.Payload
 	var orders atomic.Int64 // RunLoop's seq restarts every round; keys must not
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := envelope.NewEventID() // the business row's own id, as on the raw sides
+		id := wire.NewEventID() // the business row's own id, as on the raw sides
 		payload := makePayload(payloadSize, seq)
 		msg := txproducer.Message{Topic: topic, Tags: benchEventType, EventType: benchEventType, Payload: payload}
 		if keyed {

@@ -9,12 +9,12 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/sqlcount"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Count is one path's statement and round-trip counts per operation, read
@@ -104,7 +104,7 @@ func runRoundTrips(ctx context.Context, e *Env) *Workload {
 			if err != nil {
 				return err
 			}
-			if err := stmts(tx, envelope.NewEventID()); err != nil {
+			if err := stmts(tx, wire.NewEventID()); err != nil {
 				_ = tx.Rollback()
 				return err
 			}
@@ -215,7 +215,7 @@ func runRoundTrips(ctx context.Context, e *Env) *Workload {
 	if err := schema.MigrateAll(ctx, one, rtl); err != nil {
 		return fail(err)
 	}
-	committedID := envelope.NewEventID()
+	committedID := wire.NewEventID()
 	if err := localTx(func(tx *sqlx.Tx, _ string) error {
 		return store.Insert(ctx, tx, txlog.Row{EventID: committedID, State: txlog.StateCommitted, ResolvedBy: txlog.ByLocalCommit})
 	})(0); err != nil {
@@ -228,7 +228,7 @@ func runRoundTrips(ctx context.Context, e *Env) *Workload {
 		return fail(err)
 	}
 	if err := measure("check-back past the fence age, no row: txlog Fence", func(int) error {
-		_, _, err := store.Fence(ctx, txlog.Row{EventID: envelope.NewEventID(), ResolvedBy: txlog.ByFence})
+		_, _, err := store.Fence(ctx, txlog.Row{EventID: wire.NewEventID(), ResolvedBy: txlog.ByFence})
 		return err
 	}); err != nil {
 		return fail(err)
@@ -252,7 +252,7 @@ func perOp(p map[string]float64) string {
 
 // consumerMessage is a first delivery of an rmqtx event.
 func consumerMessage(id string, payload []byte) consumer.Message {
-	env := envelope.Envelope{EventID: id, EventType: benchEventType}
+	env := wire.Envelope{EventID: id, EventType: benchEventType}
 	return consumer.Message{Body: payload, Properties: env.Properties(payload),
 		Delivery: consumer.Delivery{Topic: "rt", MsgID: "m-" + id, StoredAt: time.Now().UTC()}}
 }
@@ -290,7 +290,7 @@ func (e *Env) countSend(ctx context.Context, one *sqlx.DB, measure func(string, 
 	}()
 	send := func(supplied bool) func(int) error {
 		return func(int) error {
-			id := envelope.NewEventID()
+			id := wire.NewEventID()
 			msg := txproducer.Message{Topic: topic, Tags: benchEventType, EventType: benchEventType, Payload: payload}
 			if supplied {
 				msg.EventID = id

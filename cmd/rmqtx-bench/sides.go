@@ -12,7 +12,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // benchEventType is the event type every workload publishes.
@@ -62,7 +62,7 @@ func envelopeMessage(topic, id string, payload []byte) *primitive.Message {
 	m := primitive.NewMessage(topic, payload)
 	m.WithTag(benchEventType)
 	m.WithKeys([]string{id})
-	m.WithProperties(envelope.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
+	m.WithProperties(wire.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
 	return m
 }
 

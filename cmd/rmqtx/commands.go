@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/archive"
@@ -51,25 +49,25 @@ func newFlags(name string, stderr io.Writer, o *options, env func(string) string
 	return fs
 }
 
-// open connects to the database. The config goes to the driver as a
-// connector, never as a DSN string, so no DSN exists to end up in an error;
-// errors name only the database, address and user.
+// open connects to the database the DSN names (MySQL or PostgreSQL). The
+// config goes to the driver as a connector, never as a DSN string, so no DSN
+// exists to end up in an error; errors name only the database, address and
+// user.
 func open(ctx context.Context, o *options) (*sqlx.DB, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	c, err := o.mysqlConfig()
+	t, err := o.target()
 	if err != nil {
 		return nil, err
 	}
-	conn, err := mysql.NewConnector(c)
+	db, err := t.connect()
 	if err != nil {
-		return nil, fmt.Errorf("open database at %s: %w", c.Addr, err)
+		return nil, fmt.Errorf("open database at %s: %w", t.addr, err)
 	}
-	db := sqlx.NewDb(sql.OpenDB(conn), "mysql")
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("connect to database %s at %s as %s: %w", c.DBName, c.Addr, c.User, err)
+		return nil, fmt.Errorf("connect to database %s at %s as %s: %w", t.name, t.addr, t.user, err)
 	}
 	return db, nil
 }
@@ -142,15 +140,16 @@ func cmdConfig(ctx context.Context, args []string, env func(string) string, stdo
 	if err := o.validate(); err != nil {
 		return 0, err
 	}
-	c, err := o.mysqlConfig()
+	t, err := o.target()
 	if err != nil {
 		return 0, err
 	}
-	v := map[string]any{"dsn": maskedDSN(c), "namesrv": o.nameServers(), "broker": splitList(o.broker), "table_prefix": o.prefix,
+	v := map[string]any{"driver": t.driver, "dsn": t.masked, "namesrv": o.nameServers(), "broker": splitList(o.broker), "table_prefix": o.prefix,
 		"payloads": o.payloadMode()}
 	return exitOK, o.output(stdout, v, func() error {
 		w := newTable(stdout)
-		w.row("dsn", maskedDSN(c))
+		w.row("driver", t.driver)
+		w.row("dsn", t.masked)
 		w.row("namesrv", strings.Join(o.nameServers(), ","))
 		w.row("broker", strings.Join(splitList(o.broker), ","))
 		w.row("table prefix", o.prefix)

@@ -57,7 +57,7 @@ func (o *options) register(fs *flag.FlagSet, env func(string) string) {
 		fs.StringVar(dst, name, def, usage)
 		o.binds = append(o.binds, envBind{name, envName, dst})
 	}
-	str(&o.dsn, "dsn", "", "RMQTX_DSN", "MySQL DSN (user:password@tcp(host:port)/db); env RMQTX_DSN (prefer the env: arguments are visible to other users)")
+	str(&o.dsn, "dsn", "", "RMQTX_DSN", "database DSN: MySQL user:password@tcp(host:port)/db, or PostgreSQL postgres://user:password@host:port/db (or host=... dbname=...); env RMQTX_DSN (prefer the env: arguments are visible to other users)")
 	str(&o.mysqlAddr, "mysql-addr", "127.0.0.1:3306", "RMQTX_MYSQL_ADDR", "MySQL address when no DSN; env RMQTX_MYSQL_ADDR")
 	str(&o.mysqlUser, "mysql-user", "root", "RMQTX_MYSQL_USER", "MySQL user; env RMQTX_MYSQL_USER")
 	str(&o.mysqlPass, "mysql-password", "", "RMQTX_MYSQL_PASSWORD", "MySQL password; env RMQTX_MYSQL_PASSWORD (prefer the env)")
@@ -132,8 +132,8 @@ func usageErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, args...))
 }
 
-// mysqlConfig builds the driver config; the password never leaves it except
-// to the driver.
+// mysqlConfig builds the MySQL driver config; the password never leaves it
+// except to the driver.
 func (o *options) mysqlConfig() (*mysql.Config, error) {
 	var c *mysql.Config
 	if o.dsn != "" {

@@ -160,11 +160,15 @@ func maskPGDSN(dsn string) string {
 		if err != nil {
 			return "***"
 		}
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "***")
-		}
 		u.RawQuery = maskQuery(u.RawQuery)
-		return u.String()
+		if _, ok := u.User.Password(); !ok {
+			return u.String()
+		}
+		// Written by hand: url.UserPassword would percent-encode the stars.
+		user := url.User(u.User.Username()).String()
+		u.User = nil
+		scheme, rest, _ := strings.Cut(u.String(), "://")
+		return scheme + "://" + user + ":***@" + rest
 	}
 	var parts []string
 	for _, kv := range pgKeywordValues(dsn) {

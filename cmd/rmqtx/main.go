@@ -16,8 +16,12 @@
 // the screen ends up in terminals' scrollback, tickets and chat.
 //
 // Configuration: --dsn or RMQTX_DSN, else RMQTX_MYSQL_ADDR / _USER /
-// _PASSWORD / _DATABASE; RMQTX_NAMESRV (comma separated, never defaulted),
-// RMQTX_BROKER (optional broker addresses for lookups), RMQTX_TABLE_PREFIX.
+// _PASSWORD / _DATABASE. The DSN's form picks the database: a
+// postgres:// or postgresql:// URL, or a keyword/value string
+// ("host=... dbname=..."), is PostgreSQL through pgx; anything else is a
+// go-sql-driver/mysql DSN (user:password@tcp(host:port)/db).
+// RMQTX_NAMESRV (comma separated, never defaulted), RMQTX_BROKER (optional
+// broker addresses for lookups), RMQTX_TABLE_PREFIX.
 // A flag wins over its variable. No password is ever printed: not by -h or
 // a usage error (environment values are not flag defaults; help says only
 // which variables are set), not by config (the DSN is masked), not in an
@@ -73,6 +77,8 @@ commands:
   config                        the effective configuration (password masked)
 
 payloads are hidden (sizes only); --redact-prefix N or --show-payload show them (risky).
+database: RMQTX_DSN (or --dsn), MySQL user:password@tcp(host:port)/db or
+PostgreSQL postgres://user:password@host:port/db; else RMQTX_MYSQL_*.
 
 run 'rmqtx <command> -h' for the flags of a command.
 exit codes: 0 ok, 1 findings, 2 usage, 3 runtime error.

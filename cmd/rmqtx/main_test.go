@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
 )
@@ -47,10 +49,33 @@ func golden(t *testing.T, name string, r result) {
 
 const now = "2025-06-01T12:00:00Z"
 
+// cliDSN is the DSN the CLI gets for db's database: the MySQL form, or a
+// postgres:// URL.
+func cliDSN(t *testing.T, db *sqlx.DB) string {
+	t.Helper()
+	name := testenv.DBName(t, db)
+	if db.DriverName() == "mysql" {
+		return testenv.Integration(t).DSN(name)
+	}
+	u, err := url.Parse(testenv.PGDSN())
+	require.NoError(t, err)
+	require.Contains(t, []string{"postgres", "postgresql"}, u.Scheme, "%s must be a postgres:// URL for the CLI tests", testenv.EnvPGDSN)
+	u.Path = "/" + name
+	return u.String()
+}
+
+// pgTimeLiteral matches the fixture's time literals.
+var pgTimeLiteral = regexp.MustCompile(`'(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?)'`)
+
 // seedFixture writes a fixed, known set of rows (fixed ids and times) so the
-// output is the same on every run.
+// output is the same on every run, and on both databases: the statements
+// are the same but for the digest function and, on PostgreSQL, an explicit
+// UTC offset on each time literal (a TIMESTAMPTZ literal without one is in
+// the session's time zone).
 func seedFixture(t *testing.T, db *sqlx.DB) {
 	t.Helper()
+	d := dialect.Must(db)
+	sha := func(lit string) string { return d.SHA256Hex(lit) }
 	stmts := []string{
 		`INSERT INTO rmqtx_txlog (event_id, producer_group, topic, tags, msg_keys, event_type, state, payload, payload_hash, properties,
 			business_key, created_at, resolved_at, resolved_by) VALUES ('0197a000-0000-7000-8000-000000000001', 'orders-tx', 'orders', 'paid',
@@ -72,7 +97,7 @@ func seedFixture(t *testing.T, db *sqlx.DB) {
 		`INSERT INTO rmqtx_dead_letter (id, consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key, error_class,
 			error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
 			VALUES (1, 'search', 'orders', 2, 41, 'AC1100010000', '0197a000-0000-7000-8000-000000000001', 'OrderPaid', 'order-1', 'data',
-			'cannot decode field amount', '{"order":"order-1","card":"4111111111111111"}', SHA2('{"order":"order-1","card":"4111111111111111"}', 256),
+			'cannot decode field amount', '{"order":"order-1","card":"4111111111111111"}', ` + sha(`'{"order":"order-1","card":"4111111111111111"}'`) + `,
 			'{"RMQTX_EVENT_ID":"0197a000-0000-7000-8000-000000000001","RMQTX_EVENT_TYPE":"OrderPaid","KEYS":"0197a000-0000-7000-8000-000000000001"}',
 			0, 'PARKED', '2025-06-01 11:00:03', '2025-06-01 11:00:03')`,
 		`INSERT INTO rmqtx_dead_letter (id, consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key, error_class,
@@ -82,7 +107,7 @@ func seedFixture(t *testing.T, db *sqlx.DB) {
 		`INSERT INTO rmqtx_dead_letter (id, consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key, error_class,
 			error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at, replay_count, replayed_at, resolved_at,
 			resolution_note) VALUES (3, 'points', 'orders', 0, 10, 'AC1100010002', '0197a000-0000-7000-8000-000000000005', 'OrderPaid', 'order-5',
-			'permanent', 'order closed', 'p', SHA2('p', 256), '{}', 2, 'REPLAYED', '2025-04-01 10:00:00', '2025-04-01 10:00:00', 1,
+			'permanent', 'order closed', 'p', ` + sha(`'p'`) + `, '{}', 2, 'REPLAYED', '2025-04-01 10:00:00', '2025-04-01 10:00:00', 1,
 			'2025-04-02 10:00:00', '2025-04-02 10:00:00', 'replayed by alice (audit 1)')`,
 		`INSERT INTO rmqtx_replay_audit (id, operator, reason, scope, rate_limit, batch_size, selected, sent, result, started_at, finished_at)
 			VALUES (1, 'alice', 'fixed the points handler', '{"ids":[3]}', 5, 10, 1, 1, 'COMPLETED', '2025-04-02 10:00:00', '2025-04-02 10:00:01')`,
@@ -90,16 +115,25 @@ func seedFixture(t *testing.T, db *sqlx.DB) {
 			VALUES (1, 3, 'points', '0197a000-0000-7000-8000-000000000005', 'orders', 'sent', 'AC11000100FF', '2025-04-02 10:00:00.500')`,
 	}
 	for _, s := range stmts {
+		if d.Name() == "postgres" {
+			s = pgTimeLiteral.ReplaceAllString(s, "'$1+00'")
+		}
 		_, err := db.Exec(s)
-		require.NoError(t, err)
+		require.NoError(t, err, s)
 	}
 }
 
+// TestGolden runs every command on a fixed fixture, once per database,
+// against the same golden files: the operator sees the same output on
+// MySQL and on PostgreSQL.
 func TestGolden(t *testing.T) {
 	t.Parallel()
-	s := testenv.Integration(t)
-	db := testenv.DB(t)
-	env := map[string]string{"RMQTX_DSN": s.DSN(testenv.DBName(t, db))}
+	testenv.EachDB(t, testGolden)
+}
+
+func testGolden(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
+	env := map[string]string{"RMQTX_DSN": cliDSN(t, db)}
 	r := runCLI(env, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
 	golden(t, "migrate", r)
@@ -182,6 +216,24 @@ func TestPasswordNeverPrinted(t *testing.T) {
 			require.Contains(t, []int{2, 3}, r.code, "%v: %s", args, r.stderr)
 		}
 	}
+	// The same with a PostgreSQL DSN, URL and keyword/value.
+	pgEnv := map[string]string{"RMQTX_DSN": "postgres://rmqtx:" + pw + "@127.0.0.1:1/rmqtx_db?sslmode=disable", "RMQTX_NAMESRV": "127.0.0.1:9876"}
+	r = runCLI(pgEnv, "config")
+	require.Equal(t, 0, r.code, r.stderr)
+	golden(t, "config_postgres", r)
+	for _, args := range [][]string{{"config", "--json"}, {"stats"}, {"inspect", "x"}, {"migrate"}, {"dead", "list"}, {"archive", "--dry-run"},
+		{"replay", "--dry-run", "--group", "g"}, {"stats", "--dsn", "host=127.0.0.1 port=1 user=rmqtx password=" + pw + " dbname=d"},
+		{"stats", "--dsn", "postgres://rmqtx:" + pw + "@127.0.0.1:x/d"}, {"stats", "--dsn", "host=127.0.0.1 port=x password='" + pw + "' dbname=d"}} {
+		r := runCLI(pgEnv, append(args, "--timeout", "3s")...)
+		require.NotContains(t, r.stdout+r.stderr, pw, "%v printed the password", args)
+		if args[0] != "config" {
+			require.Contains(t, []int{2, 3}, r.code, "%v: %s", args, r.stderr)
+		}
+	}
+	r = runCLI(pgEnv, "stats", "--timeout", "3s")
+	require.Equal(t, 3, r.code, "unreachable database is a runtime error")
+	require.True(t, strings.HasPrefix(r.stderr, "rmqtx stats: connect to database rmqtx_db at 127.0.0.1:1 as rmqtx"), r.stderr)
+
 	r = runCLI(map[string]string{"RMQTX_MYSQL_PASSWORD": pw, "RMQTX_MYSQL_DATABASE": "d", "RMQTX_MYSQL_ADDR": "127.0.0.1:1"}, "config")
 	require.Equal(t, 0, r.code)
 	require.NotContains(t, r.stdout, pw)

@@ -28,6 +28,9 @@ func collectSecrets(args []string, env func(string) string) secrets {
 	}
 	add("dsn", env("RMQTX_DSN"))
 	add("mysql-password", env("RMQTX_MYSQL_PASSWORD"))
+	// pgx reads libpq's variables itself: a DSN without a password may
+	// take PGPASSWORD's.
+	add("pgpassword", env("PGPASSWORD"))
 	for i, a := range args {
 		if !strings.HasPrefix(a, "-") {
 			continue
@@ -48,10 +51,15 @@ func collectSecrets(args []string, env func(string) string) secrets {
 
 // dsnSecrets returns the password of a DSN, and for a DSN the driver cannot
 // parse, the whole DSN and what would be its password: the text after the
-// first ':' up to the last '@' (or, without '@', up to the last '/').
+// first ':' up to the last '@' (or, without '@', up to the last '/'). A
+// PostgreSQL DSN (URL or keyword/value) gives the whole DSN and every
+// password it holds, parsed or not (pgDSNSecrets).
 func dsnSecrets(dsn string) []string {
 	if dsn == "" {
 		return nil
+	}
+	if isPostgresDSN(dsn) {
+		return append([]string{dsn}, pgDSNSecrets(dsn)...)
 	}
 	if c, err := mysql.ParseDSN(dsn); err == nil {
 		if c.Passwd == "" {

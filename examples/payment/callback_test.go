@@ -30,11 +30,10 @@ type callbackBundle struct {
 }
 
 // setupCallback runs the payment service with a real transactional
-// producer on a fresh database and topic.
-func setupCallback(t *testing.T) *callbackBundle {
+// producer on db and a fresh topic.
+func setupCallback(t *testing.T, db *sqlx.DB) *callbackBundle {
 	t.Helper()
 	s := testenv.Integration(t)
-	db := testenv.DB(t)
 	ctx := context.Background()
 	require.NoError(t, Migrate(ctx, db))
 	topic := testenv.Name(t, "pay")
@@ -87,10 +86,16 @@ func (b *callbackBundle) post(t *testing.T, body []byte, signature string) (int,
 func snapshot(t *testing.T, db *sqlx.DB) string {
 	t.Helper()
 	var tables []string
-	require.NoError(t, db.Select(&tables, `SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() ORDER BY table_name`))
+	schemaExpr, quote := "DATABASE()", "`"
+	if engineOf(db) == EnginePostgres {
+		schemaExpr, quote = "current_schema()", `"`
+	}
+	require.NoError(t, db.Select(&tables, `SELECT table_name FROM information_schema.tables WHERE table_schema = `+schemaExpr+` ORDER BY table_name`))
+	require.Contains(t, tables, "payments")
+	require.Contains(t, tables, "rmqtx_txlog")
 	var b strings.Builder
 	for _, tbl := range tables {
-		rows, err := db.Queryx("SELECT * FROM `" + tbl + "`")
+		rows, err := db.Queryx("SELECT * FROM " + quote + tbl + quote)
 		require.NoError(t, err)
 		var lines []string
 		for rows.Next() {
@@ -121,7 +126,12 @@ func snapshot(t *testing.T, db *sqlx.DB) string {
 
 func TestCallbackRejectsBadRequestsAndChangesNothing(t *testing.T) {
 	t.Parallel()
-	b := setupCallback(t)
+	testenv.EachDB(t, testCallbackRejectsBadRequests)
+}
+
+func testCallbackRejectsBadRequests(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
+	b := setupCallback(t, db)
 	ctx := context.Background()
 	require.NoError(t, b.svc.CreateOrder(ctx, "ord_1", "pay_1", 1, 12_345, "EUR"))
 	require.NoError(t, b.svc.CreateOrder(ctx, "ord_2", "pay_2", 1, 500, "EUR"))

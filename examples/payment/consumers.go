@@ -113,18 +113,14 @@ func (h *Handlers) PointsRoutes(group string) map[string]consumer.Route {
 				}
 				now := h.now()
 				pts := PointsFor(p.AmountCents)
-				res, err := tx.ExecContext(ctx, `INSERT INTO points_ledger (payment_id, event_id, user_id, points, created_at) VALUES (?, ?, ?, ?, ?)`,
-					p.PaymentID, ev.ID, p.UserID, pts, now)
+				id, err := insertLedger(ctx, tx, p.PaymentID, ev.ID, p.UserID, pts, now)
 				if err != nil {
 					return consumer.Transient(err)
 				}
-				if _, err := tx.ExecContext(ctx, `INSERT INTO points_balance (user_id, points, updated_at) VALUES (?, ?, ?)
-					ON DUPLICATE KEY UPDATE points = points + VALUES(points), updated_at = VALUES(updated_at)`, p.UserID, pts, now); err != nil {
+				if _, err := tx.ExecContext(ctx, tx.Rebind(sqlFor(tx.DriverName()).addPoints), p.UserID, pts, now); err != nil {
 					return consumer.Transient(err)
 				}
-				if id, err := res.LastInsertId(); err == nil {
-					consumer.SetResultRef(ctx, fmt.Sprintf("points_ledger:%d", id))
-				}
+				consumer.SetResultRef(ctx, fmt.Sprintf("points_ledger:%d", id))
 				return nil
 			},
 		},
@@ -148,12 +144,12 @@ func (h *Handlers) NotificationRoutes(group string) map[string]consumer.Route {
 					return err
 				}
 				var phone string
-				if err := tx.GetContext(ctx, &phone, `SELECT phone FROM users WHERE id = ?`, p.UserID); err != nil {
+				if err := tx.GetContext(ctx, &phone, tx.Rebind(`SELECT phone FROM users WHERE id = ?`), p.UserID); err != nil {
 					return consumer.Transient(fmt.Errorf("user %d: %w", p.UserID, err))
 				}
 				body := fmt.Sprintf("Payment of %d.%02d %s for order %s received. Thank you!",
 					p.AmountCents/100, p.AmountCents%100, p.Currency, shortID(p.OrderID))
-				if _, err := tx.ExecContext(ctx, `INSERT INTO notifications (event_id, payment_id, user_id, phone, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+				if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO notifications (event_id, payment_id, user_id, phone, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
 					ev.ID, p.PaymentID, p.UserID, phone, body, h.now()); err != nil {
 					return consumer.Transient(err)
 				}
@@ -186,10 +182,7 @@ func (h *Handlers) SearchRoutes(group string) map[string]consumer.Route {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO order_search (order_id, user_id, amount_cents, currency, status, version, event_id, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-			ON DUPLICATE KEY UPDATE user_id = VALUES(user_id), amount_cents = VALUES(amount_cents), currency = VALUES(currency),
-				status = VALUES(status), version = VALUES(version), event_id = VALUES(event_id), updated_at = VALUES(updated_at)`,
+		if _, err := tx.ExecContext(ctx, tx.Rebind(sqlFor(tx.DriverName()).upsertSearch),
 			o.OrderID, o.UserID, o.AmountCents, o.Currency, o.Status, o.Version, ev.ID, h.now()); err != nil {
 			return consumer.Transient(err)
 		}
@@ -198,6 +191,23 @@ func (h *Handlers) SearchRoutes(group string) map[string]consumer.Route {
 	validate := func(ev consumer.Event) error { _, err := decodeOrder(ev); return err }
 	r := consumer.Route{Handler: apply, Validate: validate, Version: consumer.VersionMonotonic}
 	return map[string]consumer.Route{TypeOrderCreated: r, TypeOrderPaid: r, TypeOrderCanceled: r}
+}
+
+// insertLedger writes the ledger row and returns its id: from the
+// driver's last insert id on MySQL, from RETURNING on PostgreSQL (whose
+// driver has no last insert id).
+func insertLedger(ctx context.Context, tx *sqlx.Tx, paymentID, eventID string, userID, points int64, now time.Time) (int64, error) {
+	const insert = `INSERT INTO points_ledger (payment_id, event_id, user_id, points, created_at) VALUES (?, ?, ?, ?, ?)`
+	if tx.DriverName() == "pgx" {
+		var id int64
+		err := tx.QueryRowxContext(ctx, tx.Rebind(insert+` RETURNING id`), paymentID, eventID, userID, points, now).Scan(&id)
+		return id, err
+	}
+	res, err := tx.ExecContext(ctx, insert, paymentID, eventID, userID, points, now)
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
 }
 
 func shortID(id string) string {

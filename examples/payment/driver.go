@@ -165,7 +165,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	step := max(1, n/max(1, r))
 	for i := 0; i < n && int(d.redelivered.Load()) < r; i += step {
 		var eventID string
-		if err := d.Svc.DB.GetContext(ctx, &eventID, `SELECT event_id FROM payments WHERE id = ?`, pays[i].PaymentID); err != nil {
+		if err := d.Svc.DB.GetContext(ctx, &eventID, d.Svc.DB.Rebind(`SELECT event_id FROM payments WHERE id = ?`), pays[i].PaymentID); err != nil {
 			return fmt.Errorf("redeliver: %w", err)
 		}
 		if err := d.Redeliver(ctx, eventID); err != nil {
@@ -193,7 +193,8 @@ func shuffle(xs []plannedOrder, seed string) {
 
 func (d *Driver) seedUsers(ctx context.Context) error {
 	for i := 1; i <= d.Users; i++ {
-		if _, err := d.Svc.DB.ExecContext(ctx, `INSERT IGNORE INTO users (id, name, phone) VALUES (?, ?, ?)`,
+		db := d.Svc.DB
+		if _, err := db.ExecContext(ctx, db.Rebind(sqlFor(db.DriverName()).seedUser),
 			i, fmt.Sprintf("user-%d", i), fmt.Sprintf("+1555%07d", i)); err != nil {
 			return fmt.Errorf("seed users: %w", err)
 		}

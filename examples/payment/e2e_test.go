@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/testenv"
@@ -18,10 +19,17 @@ import (
 // orders, out-of-order order events, a producer restart halfway and
 // redelivered events. Reconciliation must find nothing, and every count
 // must be exact.
+//
+// It runs once per database: the example's business SQL has a MySQL and a
+// PostgreSQL form, its rmqtx calls are the same.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
+	testenv.EachDB(t, testEndToEnd)
+}
+
+func testEndToEnd(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
 	s := testenv.Integration(t)
-	db := testenv.DB(t)
 	log, lib, _ := newLoggers(testWriter{t}, false)
 	const n, canceled, redelivered = 60, 6, 6
 	cfg := RunConfig{
@@ -96,26 +104,28 @@ func TestEndToEnd(t *testing.T) {
 	require.Zero(t, rep.DeadLetters)
 
 	// The reconcile command agrees, and catches a broken ledger.
-	name := testenv.DBName(t, db)
+	require.Equal(t, engineOf(db), res.Engine)
+	reconcile := []string{"reconcile", "-engine", engineOf(db), "-db", testenv.DBName(t, db)}
 	var stdout, stderr bytes.Buffer
-	require.Equal(t, 0, realMain([]string{"reconcile", "-db", name}, &stdout, &stderr), stderr.String())
+	require.Equal(t, 0, realMain(reconcile, &stdout, &stderr), stderr.String())
 	require.Contains(t, stdout.String(), "OK, 0 discrepancies")
-	_, err = db.Exec(`DELETE FROM points_ledger ORDER BY id LIMIT 1`)
+	_, err = db.Exec(`DELETE FROM points_ledger WHERE id = (SELECT MIN(id) FROM (SELECT id FROM points_ledger) l)`)
 	require.NoError(t, err)
 	stdout.Reset()
-	require.Equal(t, 1, realMain([]string{"reconcile", "-db", name}, &stdout, &stderr))
+	require.Equal(t, 1, realMain(reconcile, &stdout, &stderr))
 	require.Contains(t, stdout.String(), "payment SUCCESS without points (1)")
 	require.Contains(t, stdout.String(), "points balance differs from the ledger (1)")
 
 	// ... and an attempt row left behind for an applied event, which
 	// `rmqtx stuck` would list as RETRYING.
 	var applied string
-	require.NoError(t, db.Get(&applied, `SELECT event_id FROM rmqtx_consume_log WHERE consumer_group = ? LIMIT 1`, NamesFor(cfg.RunID).PointsGroup))
-	_, err = db.Exec(`INSERT INTO rmqtx_consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
-		VALUES (?, ?, 1, 'transient', 'left behind', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, NamesFor(cfg.RunID).PointsGroup, applied)
+	require.NoError(t, db.Get(&applied, db.Rebind(`SELECT event_id FROM rmqtx_consume_log WHERE consumer_group = ? LIMIT 1`), NamesFor(cfg.RunID).PointsGroup))
+	now := time.Now().UTC()
+	_, err = db.Exec(db.Rebind(`INSERT INTO rmqtx_consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
+		VALUES (?, ?, 1, 'transient', 'left behind', ?, ?)`), NamesFor(cfg.RunID).PointsGroup, applied, now, now)
 	require.NoError(t, err)
 	stdout.Reset()
-	require.Equal(t, 1, realMain([]string{"reconcile", "-db", name}, &stdout, &stderr))
+	require.Equal(t, 1, realMain(reconcile, &stdout, &stderr))
 	require.Contains(t, stdout.String(), "unfinished work listed by rmqtx stuck (1): RETRYING "+NamesFor(cfg.RunID).PointsGroup+"/"+applied)
 	t.Log("\n" + strings.TrimSpace(stdout.String()))
 }

@@ -7,6 +7,9 @@
 //
 //	go run ./examples/payment [flags]             run the demo end to end
 //	go run ./examples/payment reconcile [-db NAME] reconcile a demo database
+//
+// It runs on MySQL/MariaDB (the default) or, with -engine postgres, on
+// PostgreSQL: RMQTX_PG_DSN names the server (scripts/services.sh env).
 package main
 
 import (
@@ -27,7 +30,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/rmqtx/rmqtx/internal/localenv"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/observe"
 )
 
 // demoDBPrefix starts the name of every database a demo run creates.
@@ -38,7 +41,8 @@ const demoDBPrefix = "rmqtx_demo_"
 type Settings = localenv.Settings
 
 // LoadSettings reads RMQTX_MYSQL_ADDR, RMQTX_MYSQL_USER, RMQTX_MYSQL_PASSWORD,
-// RMQTX_NAMESRV and RMQTX_BROKER, with the local services' defaults.
+// RMQTX_NAMESRV and RMQTX_BROKER, with the local services' defaults
+// (PostgreSQL's server is RMQTX_PG_DSN: see pgDSN).
 func LoadSettings() Settings { return localenv.Load() }
 
 func main() {
@@ -88,32 +92,38 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Timeout, "timeout", 3*time.Minute, "how long to wait for the consumers to catch up")
 	fs.DurationVar(&cfg.FenceAge, "fence-age", 4*time.Second, "txproducer fence age; must fit the broker's check settings (see checkback docs)")
 	keep := fs.Int("keep-dbs", 5, "keep this many demo databases (rmqtx_demo_*), dropping older ones; 0 keeps all")
+	engineFlag := fs.String("engine", EngineMySQL, "database: mysql (MySQL or MariaDB) or postgres")
 	verbose := fs.Bool("v", false, "verbose logs")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	engine, err := parseEngine(*engineFlag)
+	if err != nil {
+		fmt.Fprintf(stderr, "payment: %v\n", err)
+		return 2
+	}
 	log, lib, client := newLoggers(stderr, *verbose)
-	rmqlog.Install(client.WithField("component", "rocketmq-client"))
+	observe.RouteClientLog(client.WithField("component", "rocketmq-client"))
 	s := LoadSettings()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
 	cfg.RunID = time.Now().UTC().Format("20060102_150405") + "_" + randHex(4)
 	dbName := demoDBPrefix + cfg.RunID
-	root, err := sqlx.Open("mysql", s.DSN(""))
+	root, err := openDB(engine, s, "")
 	if err != nil {
 		log.WithError(err).Error("open database")
 		return 1
 	}
 	defer root.Close()
-	if _, err := root.ExecContext(ctx, "CREATE DATABASE "+dbName+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
-		log.WithError(err).Errorf("create database %s at %s (are the services up? `make up`)", dbName, s.MySQLAddr)
+	if err := createDemoDB(ctx, root, dbName); err != nil {
+		log.WithError(err).Errorf("create database %s at %s (are the services up? `make up`)", dbName, serverAddr(engine, s))
 		return 1
 	}
 	if *keep > 0 {
 		pruneDemoDBs(ctx, root, *keep, log)
 	}
-	db, err := sqlx.Open("mysql", s.DSN(dbName))
+	db, err := openDB(engine, s, dbName)
 	if err != nil {
 		log.WithError(err).Error("open database")
 		return 1
@@ -123,7 +133,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	db.SetMaxIdleConns(64)
 	cfg.DB, cfg.NameServers, cfg.Broker = db, []string{s.NameServer}, s.Broker
 	cfg.Log, cfg.LibLog = log, lib
-	log.WithFields(logrus.Fields{"database": dbName, "namesrv": s.NameServer, "payments": cfg.Payments}).Info("payment demo starting")
+	log.WithFields(logrus.Fields{"engine": engine, "database": dbName, "namesrv": s.NameServer, "payments": cfg.Payments}).Info("payment demo starting")
 	res, err := Run(ctx, cfg)
 	if err != nil {
 		log.WithError(err).Error("demo failed")
@@ -145,7 +155,7 @@ func randHex(n int) string {
 // demoDBs lists the demo databases, oldest first (names sort by time).
 func demoDBs(ctx context.Context, root *sqlx.DB) ([]string, error) {
 	var names []string
-	if err := root.SelectContext(ctx, &names, `SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'rmqtx\_demo\_%'`); err != nil {
+	if err := root.SelectContext(ctx, &names, sqlFor(root.DriverName()).listDemoDBs); err != nil {
 		return nil, err
 	}
 	sort.Strings(names)
@@ -162,7 +172,7 @@ func pruneDemoDBs(ctx context.Context, root *sqlx.DB, keep int, log logrus.Field
 		if !strings.HasPrefix(n, demoDBPrefix) || strings.ContainsAny(n, "`'\" ;") {
 			continue
 		}
-		if _, err := root.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+n+"`"); err != nil {
+		if err := dropDemoDB(ctx, root, n); err != nil {
 			log.WithError(err).Warnf("drop old demo database %s", n)
 			continue
 		}
@@ -174,14 +184,20 @@ func reconcileMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("payment reconcile", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dbName := fs.String("db", "", "demo database to reconcile (default: the newest rmqtx_demo_*)")
+	engineFlag := fs.String("engine", EngineMySQL, "database: mysql (MySQL or MariaDB) or postgres")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	engine, err := parseEngine(*engineFlag)
+	if err != nil {
+		fmt.Fprintf(stderr, "payment reconcile: %v\n", err)
 		return 2
 	}
 	log, _, _ := newLoggers(stderr, false)
 	s := LoadSettings()
 	ctx := context.Background()
 	if *dbName == "" {
-		root, err := sqlx.Open("mysql", s.DSN(""))
+		root, err := openDB(engine, s, "")
 		if err != nil {
 			log.WithError(err).Error("open database")
 			return 1
@@ -198,7 +214,7 @@ func reconcileMain(args []string, stdout, stderr io.Writer) int {
 		}
 		*dbName = names[len(names)-1]
 	}
-	db, err := sqlx.Open("mysql", s.DSN(*dbName))
+	db, err := openDB(engine, s, *dbName)
 	if err != nil {
 		log.WithError(err).Error("open database")
 		return 1

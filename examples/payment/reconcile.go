@@ -92,7 +92,7 @@ func Reconcile(ctx context.Context, db *sqlx.DB, t Tables) (Report, error) {
 		if err != nil {
 			return r, err
 		}
-		dlq, args = q, a
+		dlq, args = db.Rebind(q), a
 	}
 	if err := db.GetContext(ctx, &r.DeadLetters, dlq, args...); err != nil {
 		return r, fmt.Errorf("reconcile: dead letters: %w", err)
@@ -124,7 +124,7 @@ func Reconcile(ctx context.Context, db *sqlx.DB, t Tables) (Report, error) {
 		{"points credited differ from the amount",
 			`SELECT l.payment_id FROM points_ledger l JOIN payments p ON p.id = l.payment_id WHERE l.points <> FLOOR(p.amount_cents / 100) OR l.user_id <> p.user_id`},
 		{"points balance differs from the ledger",
-			`SELECT CAST(u.id AS CHAR) FROM users u
+			`SELECT u.id FROM users u
 			   LEFT JOIN points_balance b ON b.user_id = u.id
 			   LEFT JOIN (SELECT user_id, SUM(points) s FROM points_ledger GROUP BY user_id) l ON l.user_id = u.id
 			  WHERE COALESCE(b.points, 0) <> COALESCE(l.s, 0)`},

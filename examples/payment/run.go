@@ -24,9 +24,6 @@ import (
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
-//go:embed schema.sql
-var schemaSQL string
-
 // Table prefixes of the three outboxes and the rmqtx tables.
 const (
 	payOutboxPrefix   = "pay_" // payment service: OrderPaid
@@ -128,6 +125,7 @@ func (c *RunConfig) defaults() {
 // Result is everything the summary prints.
 type Result struct {
 	RunID    string
+	Engine   string // EngineMySQL or EnginePostgres
 	Database string
 	Elapsed  time.Duration
 
@@ -184,14 +182,15 @@ type app struct {
 // Migrate creates every table the example uses: rmqtx's tables with
 // schema.MigrateAll (once for the service's prefix, once per outbox
 // prefix, since each outbox has its own; the other rmqtx tables under an
-// outbox prefix stay empty), then the business schema. It is idempotent.
+// outbox prefix stay empty), then the business schema of the database's
+// engine (schema_mysql.sql or schema_postgres.sql). It is idempotent.
 func Migrate(ctx context.Context, db *sqlx.DB) error {
 	for _, p := range []string{rmqtxPrefix, payOutboxPrefix, orderOutboxPrefix, smsOutboxPrefix} {
 		if err := schema.MigrateAll(ctx, db, p); err != nil {
 			return err
 		}
 	}
-	for _, stmt := range splitSchema(schemaSQL) {
+	for _, stmt := range splitSchema(sqlFor(db.DriverName()).schema) {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("schema: %w", err)
 		}
@@ -199,7 +198,7 @@ func Migrate(ctx context.Context, db *sqlx.DB) error {
 	return nil
 }
 
-// splitSchema returns the statements of schema.sql without comments.
+// splitSchema returns the statements of a schema file without comments.
 func splitSchema(sql string) []string {
 	var out []string
 	for _, stmt := range strings.Split(stripComments(sql), ";") {
@@ -245,8 +244,8 @@ func Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	cfg.defaults()
 	started := time.Now()
 	a := &app{cfg: cfg, names: NamesFor(cfg.RunID), log: cfg.Log}
-	res := Result{RunID: cfg.RunID}
-	if err := cfg.DB.GetContext(ctx, &res.Database, "SELECT DATABASE()"); err != nil {
+	res := Result{RunID: cfg.RunID, Engine: engineOf(cfg.DB)}
+	if err := cfg.DB.GetContext(ctx, &res.Database, sqlFor(cfg.DB.DriverName()).currentDB); err != nil {
 		return res, fmt.Errorf("database: %w", err)
 	}
 	defer a.close()
@@ -505,7 +504,7 @@ func (a *app) projectionPaid(ctx context.Context, orderIDs []string) (int, error
 		return 0, err
 	}
 	var n int
-	err = a.cfg.DB.GetContext(ctx, &n, q, args...)
+	err = a.cfg.DB.GetContext(ctx, &n, a.cfg.DB.Rebind(q), args...)
 	return n, err
 }
 

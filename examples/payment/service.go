@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 
@@ -148,12 +147,12 @@ func (s *Service) CreateOrder(ctx context.Context, orderID, paymentID string, us
 	now := s.now()
 	o := order{ID: orderID, UserID: userID, AmountCents: amountCents, Currency: currency, Status: OrderCreated, Version: VersionCreated}
 	err := inTx(ctx, s.DB, func(tx *sqlx.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, user_id, amount_cents, currency, status, version, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, o.ID, o.UserID, o.AmountCents, o.Currency, o.Status, o.Version, now, now); err != nil {
+		if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO orders (id, user_id, amount_cents, currency, status, version, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`), o.ID, o.UserID, o.AmountCents, o.Currency, o.Status, o.Version, now, now); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO payments (id, order_id, user_id, amount_cents, currency, status, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, paymentID, orderID, userID, amountCents, currency, PaymentPending, now, now); err != nil {
+		if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO payments (id, order_id, user_id, amount_cents, currency, status, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`), paymentID, orderID, userID, amountCents, currency, PaymentPending, now, now); err != nil {
 			return err
 		}
 		_, err := s.OrderOutbox.Enqueue(ctx, tx, orderEvent(TypeOrderCreated, s.OrderTopic, o))
@@ -175,10 +174,10 @@ func (s *Service) CancelOrder(ctx context.Context, orderID string) error {
 	now := s.now()
 	err := inTx(ctx, s.DB, func(tx *sqlx.Tx) error {
 		var o order
-		if err := tx.GetContext(ctx, &o, `SELECT id, user_id, amount_cents, currency, status, version FROM orders WHERE id = ? FOR UPDATE`, orderID); err != nil {
+		if err := tx.GetContext(ctx, &o, tx.Rebind(`SELECT id, user_id, amount_cents, currency, status, version FROM orders WHERE id = ? FOR UPDATE`), orderID); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE payments SET status = ?, updated_at = ? WHERE order_id = ? AND status = ?`,
+		res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE payments SET status = ?, updated_at = ? WHERE order_id = ? AND status = ?`),
 			PaymentCanceled, now, orderID, PaymentPending)
 		if err != nil {
 			return err
@@ -187,7 +186,7 @@ func (s *Service) CancelOrder(ctx context.Context, orderID string) error {
 			return errNotCancelable
 		}
 		o.Status, o.Version = OrderCanceled, VersionCanceled
-		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, version = ?, updated_at = ? WHERE id = ?`,
+		if _, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE orders SET status = ?, version = ?, updated_at = ? WHERE id = ?`),
 			o.Status, o.Version, now, o.ID); err != nil {
 			return err
 		}
@@ -403,7 +402,7 @@ func (s *Service) settled(p payment, cb Callback) (CallbackResponse, bool, error
 
 func (s *Service) loadPayment(ctx context.Context, id string) (payment, error) {
 	var p payment
-	err := s.DB.GetContext(ctx, &p, `SELECT id, order_id, user_id, amount_cents, currency, status, gateway_txn_id, event_id FROM payments WHERE id = ?`, id)
+	err := s.DB.GetContext(ctx, &p, s.DB.Rebind(`SELECT id, order_id, user_id, amount_cents, currency, status, gateway_txn_id, event_id FROM payments WHERE id = ?`), id)
 	return p, err
 }
 
@@ -417,8 +416,8 @@ var (
 // payment service's outbox.
 func (s *Service) markPaid(ctx context.Context, tx *sqlx.Tx, p payment, cb Callback, eventID string, paidAt time.Time) error {
 	now := s.now()
-	res, err := tx.ExecContext(ctx, `UPDATE payments SET status = ?, gateway_txn_id = ?, event_id = ?, paid_at = ?, updated_at = ?
-		WHERE id = ? AND status = ? AND amount_cents = ? AND currency = ?`,
+	res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE payments SET status = ?, gateway_txn_id = ?, event_id = ?, paid_at = ?, updated_at = ?
+		WHERE id = ? AND status = ? AND amount_cents = ? AND currency = ?`),
 		PaymentSuccess, cb.GatewayTxnID, eventID, paidAt.UTC(), now, p.ID, PaymentPending, cb.AmountCents, cb.Currency)
 	if err != nil {
 		return err
@@ -427,23 +426,24 @@ func (s *Service) markPaid(ctx context.Context, tx *sqlx.Tx, p payment, cb Callb
 		return errNotPending
 	}
 	var o order
-	if err := tx.GetContext(ctx, &o, `SELECT id, user_id, amount_cents, currency, status, version FROM orders WHERE id = ? FOR UPDATE`, p.OrderID); err != nil {
+	if err := tx.GetContext(ctx, &o, tx.Rebind(`SELECT id, user_id, amount_cents, currency, status, version FROM orders WHERE id = ? FOR UPDATE`), p.OrderID); err != nil {
 		return err
 	}
 	if o.Status != OrderCreated {
 		return errOrderState
 	}
 	o.Status, o.Version = OrderPaid, VersionPaid
-	if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = ?, version = ?, updated_at = ? WHERE id = ?`, o.Status, o.Version, now, o.ID); err != nil {
+	if _, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE orders SET status = ?, version = ?, updated_at = ? WHERE id = ?`), o.Status, o.Version, now, o.ID); err != nil {
 		return err
 	}
 	_, err = s.PayOutbox.Enqueue(ctx, tx, orderEvent(TypeOrderPaid, s.OrderTopic, o))
 	return err
 }
 
-// inTx runs fn in a transaction and commits it. A deadlock or a lock wait
-// timeout rolls back and runs fn again (up to 5 times): under REPEATABLE
-// READ an outbox insert can deadlock with a dispatcher's claim.
+// inTx runs fn in a transaction and commits it. A deadlock, a lock wait
+// timeout or a serialization failure rolls back and runs fn again (up to 5
+// times): under MySQL's REPEATABLE READ an outbox insert can deadlock with a
+// dispatcher's claim (see isLockConflict).
 func inTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 	for attempt := 1; ; attempt++ {
 		err := func() error {
@@ -461,11 +461,4 @@ func inTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
 			return err
 		}
 	}
-}
-
-// isLockConflict reports a MySQL/MariaDB deadlock (1213) or lock wait
-// timeout (1205): the transaction was rolled back and may be run again.
-func isLockConflict(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }

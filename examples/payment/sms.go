@@ -88,17 +88,13 @@ func (g *SMSGateway) handle(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "want JSON {phone, body} and an Idempotency-Key header", http.StatusBadRequest)
 		return
 	}
-	now := time.Now().UTC()
-	res, err := g.DB.ExecContext(r.Context(), `INSERT INTO sms_gateway_log (idempotency_key, phone, body, calls, first_at, last_at)
-		VALUES (?, ?, ?, 1, ?, ?) ON DUPLICATE KEY UPDATE calls = calls + 1, last_at = VALUES(last_at)`,
-		key, req.Phone, req.Body, now, now)
+	first, err := g.record(r.Context(), key, req, time.Now().UTC())
 	if err != nil {
 		g.Log.WithError(err).Warn("sms gateway: storage error")
 		http.Error(w, "storage error", http.StatusInternalServerError)
 		return
 	}
-	// MySQL reports 1 affected row for an insert, 2 for an update.
-	if n, _ := res.RowsAffected(); n != 1 {
+	if !first {
 		g.Resends.Add(1)
 		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate", "key": key})
 		return
@@ -110,6 +106,29 @@ func (g *SMSGateway) handle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "sent", "key": key})
+}
+
+// record counts a call by its idempotency key and reports whether it is the
+// key's first: one upsert, no read before it.
+func (g *SMSGateway) record(ctx context.Context, key string, req smsRequest, now time.Time) (bool, error) {
+	if g.DB.DriverName() == "pgx" {
+		// The row after the statement: a new key has calls = 1.
+		var calls int
+		err := g.DB.QueryRowxContext(ctx, `INSERT INTO sms_gateway_log (idempotency_key, phone, body, calls, first_at, last_at)
+			VALUES ($1, $2, $3, 1, $4, $4)
+			ON CONFLICT (idempotency_key) DO UPDATE SET calls = sms_gateway_log.calls + 1, last_at = EXCLUDED.last_at
+			RETURNING calls`, key, req.Phone, req.Body, now).Scan(&calls)
+		return calls == 1, err
+	}
+	res, err := g.DB.ExecContext(ctx, `INSERT INTO sms_gateway_log (idempotency_key, phone, body, calls, first_at, last_at)
+		VALUES (?, ?, ?, 1, ?, ?) ON DUPLICATE KEY UPDATE calls = calls + 1, last_at = VALUES(last_at)`,
+		key, req.Phone, req.Body, now, now)
+	if err != nil {
+		return false, err
+	}
+	// MySQL reports 1 affected row for an insert, 2 for an update.
+	n, err := res.RowsAffected()
+	return n == 1, err
 }
 
 // errRateLimited is returned (as a transient error) for a user over the limit.

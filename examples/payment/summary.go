@@ -15,7 +15,7 @@ func PrintSummary(w io.Writer, r Result) {
 	line := func(label, format string, args ...any) {
 		fmt.Fprintf(w, "  %-14s %s\n", label, fmt.Sprintf(format, args...))
 	}
-	fmt.Fprintf(w, "\n== rmqtx payment demo: run %s (database %s), %s ==\n", r.RunID, r.Database, r.Elapsed.Round(100*time.Millisecond))
+	fmt.Fprintf(w, "\n== rmqtx payment demo: run %s (database %s on %s), %s ==\n", r.RunID, r.Database, engineTitle(r.Engine), r.Elapsed.Round(100*time.Millisecond))
 	line("payments", "%d made, %d SUCCESS; %d more orders canceled unpaid", d.Paid, rep.Succeeded, d.Canceled)
 	if cb.SpentIDs > 0 {
 		line("", "%d event ids found spent (rolled back) and replaced by the next derived id", cb.SpentIDs)
@@ -49,5 +49,17 @@ func PrintSummary(w io.Writer, r Result) {
 			fmt.Fprintf(w, "    - %s (%d) %v\n", x.Check, x.Count, x.IDs)
 		}
 	}
-	fmt.Fprintf(w, "  re-check later: go run ./examples/payment reconcile -db %s\n", r.Database)
+	engine := ""
+	if r.Engine == EnginePostgres {
+		engine = " -engine postgres"
+	}
+	fmt.Fprintf(w, "  re-check later: go run ./examples/payment reconcile%s -db %s\n", engine, r.Database)
+}
+
+// engineTitle names the engine for the summary.
+func engineTitle(engine string) string {
+	if engine == EnginePostgres {
+		return "PostgreSQL"
+	}
+	return "MySQL/MariaDB"
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,12 +89,33 @@ func TestShuffleIsDeterministicPermutation(t *testing.T) {
 	require.NotEqual(t, mk(), a)
 }
 
+// Both schema files create the same 8 tables, and their indexes.
 func TestSchemaStatementsSplit(t *testing.T) {
 	t.Parallel()
-	n := 0
-	for _, s := range splitSchema(schemaSQL) {
-		require.Contains(t, s, "CREATE TABLE IF NOT EXISTS")
-		n++
+	tables := func(schema string) []string {
+		var names []string
+		for _, s := range splitSchema(schema) {
+			if strings.HasPrefix(s, "CREATE INDEX IF NOT EXISTS") {
+				continue
+			}
+			require.True(t, strings.HasPrefix(s, "CREATE TABLE IF NOT EXISTS "), s)
+			names = append(names, strings.Fields(s)[5])
+		}
+		return names
 	}
-	require.Equal(t, 8, n)
+	my := tables(schemaMySQL)
+	require.Len(t, my, 8)
+	require.Equal(t, my, tables(schemaPostgres))
+	require.Len(t, splitSchema(schemaPostgres), 8+2, "8 tables and the 2 secondary indexes MySQL declares inline")
+}
+
+func TestParseEngine(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"": EngineMySQL, "mariadb": EngineMySQL, "MySQL": EngineMySQL, "postgres": EnginePostgres, "pg": EnginePostgres, "postgresql": EnginePostgres} {
+		got, err := parseEngine(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	_, err := parseEngine("sqlite")
+	require.Error(t, err)
 }

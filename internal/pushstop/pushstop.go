@@ -41,6 +41,13 @@
 // steps make the patched client (third_party/rocketmq-client-go, patch 3)
 // lose no acknowledgement at shutdown either.
 //
+// Limits: the wait ends with ctx. Shutdown then shuts the client down anyway
+// and returns ctx's error, so a context too short for the handlers in flight
+// gives up the guarantee. A queue taken away by a rebalance and given back
+// just before Stop, before its first new pull, can hold the wait until ctx
+// ends. The client's queue table is read through reflection on an exported
+// method (see queueTable); if its shape changes, Stop proves deliveries only.
+//
 // Use one Gate per push consumer, for concurrent (not orderly) consumption:
 //
 //	g := pushstop.New(group, nameServers)

@@ -193,12 +193,18 @@ func TestScrubText(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"no payload here", "no payload here"},
 		{"[topic=t, body=" + card + ", Flag=0, properties=KEYS\x01" + card + "\x02, TransactionId=x]",
-			"[topic=t, body=<redacted>, Flag=0, properties=<redacted>, TransactionId=x]"},
+			"[topic=t, body=<redacted>, TransactionId=x]"},
 		{"{Topic:t Body:[52 49 49] Flag:0}", "{Topic:t Body:[<redacted>] Flag:0}"},
 		{`{"Topic":"t","Body":"NDEx","Flag":0}`, `{"Topic":"t","Body":"<redacted>","Flag":0}`},
 		{"request body: " + card + " rest", "request body: <redacted>"},
 		{"BodyCRC=12, BodyLength=3", "BodyCRC=12, BodyLength=3"},
-		{"ExtFields: map[properties:KEYS\x01" + card + "]", "ExtFields: map[properties:<redacted>"},
+		{"ExtFields: map[properties:KEYS\x01" + card + "]", "ExtFields: map[<redacted>]"},
+		// Structure without a label: fmt's byte lists, Go syntax, maps.
+		{"pulled [52 49 49 49] from q [0 1]", "pulled [<redacted>] from q [<redacted>]"},
+		{"v=[]byte{0x34, 0x31} w=[16]uint8{0x34}", "v=[]byte{<redacted>} w=[16]uint8{<redacted>}"},
+		{`h=map[string]string{"card":"` + card + `"} rest`, "h=map[<redacted>} rest"},
+		{"{orders 0 map[a:b] {x} map[KEYS:" + card + "] ] tail", "{orders 0 map[<redacted>] tail"},
+		{"no map here: [1000 2000]", "no map here: [1000 2000]"},
 	} {
 		require.Equal(t, tc.want, rmqlog.ScrubText(tc.in), tc.in)
 	}

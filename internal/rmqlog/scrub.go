@@ -4,11 +4,14 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/netip"
 	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/sirupsen/logrus"
@@ -49,6 +52,7 @@ const Redacted = "<redacted>"
 const (
 	maxDepth = 10
 	maxNodes = 20000
+	maxElems = 64 // elements of a slice, array or map rendered
 	// minSecret is the shortest payload (body or property value) that is
 	// also searched for in text; a shorter one would cut ordinary words.
 	minSecret = 4
@@ -125,7 +129,7 @@ func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool
 	case msgExtType:
 		return s.walk(rv.Field(0), depth+1, seen)
 	}
-	if leafType(t) {
+	if leafTypes[t] {
 		return false
 	}
 	switch t.Kind() {
@@ -188,18 +192,22 @@ func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool
 	return false
 }
 
-// leafType reports whether values of t are logged as they are without a
-// look inside: the time and net types (an IP is a byte slice, not a
-// payload).
-func leafType(t reflect.Type) bool {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+// leafTypes are logged as they are without a look inside: times, and
+// network addresses (an IP is a byte slice, not a payload).
+var leafTypes = map[reflect.Type]bool{}
+
+func init() {
+	for _, v := range []interface{}{
+		time.Time{}, time.Duration(0), time.Month(0), time.Weekday(0), (*time.Location)(nil),
+		net.IP{}, net.IPMask{}, net.IPNet{}, net.TCPAddr{}, net.UDPAddr{}, net.IPAddr{}, net.UnixAddr{},
+		netip.Addr{}, netip.AddrPort{}, netip.Prefix{},
+	} {
+		t := reflect.TypeOf(v)
+		leafTypes[t] = true
+		if t.Kind() != reflect.Pointer {
+			leafTypes[reflect.PointerTo(t)] = true
+		}
 	}
-	switch t.PkgPath() {
-	case "time", "net", "net/netip":
-		return true
-	}
-	return false
 }
 
 // addSecret records the renderings of a payload that fmt, strconv and
@@ -349,9 +357,13 @@ func (s *scrubber) render(rv reflect.Value, depth int, seen map[uintptr]bool) in
 		if t.Kind() == reflect.Slice && rv.IsNil() {
 			return nil
 		}
-		out := make([]interface{}, rv.Len())
+		n := min(rv.Len(), maxElems)
+		out := make([]interface{}, n, n+1)
 		for i := range out {
 			out[i] = s.render(rv.Index(i), depth+1, seen)
+		}
+		if rv.Len() > n {
+			out = append(out, fmt.Sprintf("<%d more>", rv.Len()-n))
 		}
 		return out
 	case reflect.Map:
@@ -361,9 +373,13 @@ func (s *scrubber) render(rv reflect.Value, depth int, seen map[uintptr]bool) in
 		if t.Key().Kind() == reflect.String && t.Elem().Kind() == reflect.String {
 			return scrubProperties(stringMap(rv))
 		}
-		out := make(map[string]interface{}, rv.Len())
+		out := make(map[string]interface{}, min(rv.Len(), maxElems))
 		it := rv.MapRange()
 		for it.Next() {
+			if len(out) == maxElems {
+				out["<more>"] = fmt.Sprintf("<%d more>", rv.Len()-maxElems)
+				break
+			}
 			out[fmt.Sprint(s.render(it.Key(), depth+1, seen))] = s.render(it.Value(), depth+1, seen)
 		}
 		return out
@@ -484,7 +500,7 @@ var safeProperties = map[string]bool{
 	primitive.PropertyTraceSwitch:                    true,
 	primitive.PropertyCluster:                        true,
 	primitive.PropertyMsgType:                        true,
-	// rmqtx's own envelope (internal/envelope): ids, type and versions only.
+	// rmqtx's own envelope (package wire): ids, type and versions only.
 	"RMQTX_EVENT_ID":       true,
 	"RMQTX_EVENT_TYPE":     true,
 	"RMQTX_EVENT_VERSION":  true,
@@ -548,22 +564,22 @@ func messageExtSummary(rv reflect.Value) string {
 }
 
 var (
-	// Message.String(): "[topic=T, body=B, Flag=F, properties=P, TransactionId=X]".
-	// Greedy, so a body that itself contains ", Flag=" is still cut whole.
-	reStringBody  = regexp.MustCompile(`(?s)\bbody=.*, Flag=`)
+	// Message.String(): "[topic=T, body=B, Flag=F, properties=P, TransactionId=X]":
+	// from the body to the last ", TransactionId=", over the properties:
+	// a body or a property value may itself hold ", Flag=" or
+	// ", TransactionId=", and the last one comes after them all.
+	reStringBody  = regexp.MustCompile(`(?s)\bbody=.*, TransactionId=`)
 	reStringProps = regexp.MustCompile(`(?s)\bproperties=.*, TransactionId=`)
 	// A byte slice or array in Go syntax (%#v): []byte{0x34, 0x31}, []uint8{...}, [16]uint8{...}.
 	reGoBytes = regexp.MustCompile(`(\[\d*\](?:byte|uint8)\{)[^}]*\}`)
 	// A byte slice or array printed by fmt (%v, %d), labelled or not: [52 49 49].
 	reByteList = regexp.MustCompile(`\[(?:\d{1,3} )+\d{1,3}\]`)
-	// A map in Go syntax (%#v): map[string]string{...}, map[string]interface {}{...}.
-	reGoMap = regexp.MustCompile(`^map\[[\w.*\[\] {}]*?\][\w.*\[\] ]*(?:\{\})?\{`)
 	// A JSON string: "Body":"NDEx..." (base64 of []byte, or a string).
 	reJSONBody = regexp.MustCompile(`(?i)("body"\s*:\s*)"(?:[^"\\]|\\.)*"`)
 	// Any other body or properties label: everything after it is cut.
 	reRestLabel = regexp.MustCompile(`(?i)\b(body|properties)"?\s*[:=]\s*`)
 	// What the rules above leave after a label.
-	reRedactedStart = regexp.MustCompile(`^(?:"|\[|map\[|\[\d*\](?:byte|uint8)\{|map\[[^\]]*\][^{]*\{)?` + regexp.QuoteMeta(Redacted))
+	reRedactedStart = regexp.MustCompile(`^(?:"|\[|map\[|\[\d*\](?:byte|uint8)\{)?` + regexp.QuoteMeta(Redacted))
 )
 
 // ScrubText removes message bodies, property values and anything else fmt
@@ -580,11 +596,14 @@ func ScrubText(s string) string {
 		!strings.Contains(s, "map[") && !strings.Contains(s, "uint8{") && !strings.Contains(s, "byte{") && !reByteList.MatchString(s) {
 		return s
 	}
-	s = reStringBody.ReplaceAllString(s, "body="+Redacted+", Flag=")
+	// Maps first: their span is the widest (to the last bracket), so no
+	// other rule's span can start inside a map and end before its content
+	// does, leaving the rest of it behind.
+	s = scrubMaps(s)
+	s = reStringBody.ReplaceAllString(s, "body="+Redacted+", TransactionId=")
 	s = reStringProps.ReplaceAllString(s, "properties="+Redacted+", TransactionId=")
 	s = reGoBytes.ReplaceAllString(s, "${1}"+Redacted+"}")
 	s = reByteList.ReplaceAllString(s, "["+Redacted+"]")
-	s = scrubMaps(s)
 	s = reJSONBody.ReplaceAllString(s, `${1}"`+Redacted+`"`)
 	for _, loc := range reRestLabel.FindAllStringIndex(s, -1) {
 		if reRedactedStart.MatchString(s[loc[1]:]) {
@@ -596,25 +615,19 @@ func ScrubText(s string) string {
 }
 
 // scrubMaps replaces the content of every map fmt printed in s with
-// Redacted: from "map[" (or "map[K]V{" in Go syntax) to the last "]" (or
-// "}") of s. The last one, because keys and values may hold brackets; when
-// there is none, the rest of s.
+// Redacted: from the first "map[" to the last "]" or "}" of s, whichever
+// comes later. Not to the map's own closing bracket: keys and values may
+// hold brackets, and a map in Go syntax (map[string]string{...}) closes
+// with a brace, so a later map's or struct's bracket is the only bound
+// that surely covers them all. When neither follows, the rest of s.
 func scrubMaps(s string) string {
 	for from := 0; ; {
 		i := strings.Index(s[from:], "map[")
 		if i < 0 {
 			return s
 		}
-		i += from
-		open, closer := i+len("map["), "]"
-		if loc := reGoMap.FindStringIndex(s[i:]); loc != nil {
-			open, closer = i+loc[1], "}"
-		}
-		if strings.HasPrefix(s[open:], Redacted+closer) {
-			from = open
-			continue
-		}
-		end := strings.LastIndex(s[open:], closer)
+		open := from + i + len("map[")
+		end := max(strings.LastIndex(s[open:], "]"), strings.LastIndex(s[open:], "}"))
 		if end < 0 {
 			return s[:open] + Redacted
 		}

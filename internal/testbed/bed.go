@@ -13,13 +13,13 @@ import (
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 const (
@@ -224,6 +224,19 @@ func (b *Bed) Answered(a *Attempt, state txproducer.State, err error) {
 	b.mu.Unlock()
 }
 
+// AttemptIDs returns the ids of the attempts of source ("tx", "outbox", ...).
+func (b *Bed) AttemptIDs(source string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for id, a := range b.attempts {
+		if a.Source == source {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // Attempt returns a copy of the attempt of id.
 func (b *Bed) Attempt(id string) (Attempt, bool) {
 	b.mu.Lock()
@@ -265,7 +278,7 @@ func (b *Bed) SendTxID(ctx context.Context, p *txproducer.Producer, rollback boo
 }
 
 func (b *Bed) sendAs(ctx context.Context, p *txproducer.Producer, source string, rollback bool) (string, error) {
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	a := &Attempt{ID: id, Source: source, Rollback: rollback}
 	b.Record(a)
 	res, err := p.Send(ctx, b.Message(id), InsertOrder(id, source, rollback))
@@ -295,7 +308,7 @@ func (b *Bed) SendErrs() map[string]int {
 // set, pins it to a queue through the sink's sharding key.
 func (b *Bed) OutboxEvent(id, agg string, version int64) outbox.Event {
 	if id == "" {
-		id = envelope.NewEventID()
+		id = wire.NewEventID()
 	}
 	e := outbox.Event{EventID: id, EventType: EventType, Destination: b.Topic,
 		MessageKey: "order-" + id[len(id)-8:], Payload: Payload(id), Headers: map[string]string{"suite": b.Suite.cfg.Name}}
@@ -309,7 +322,7 @@ func (b *Bed) OutboxEvent(id, agg string, version int64) outbox.Event {
 // transaction, records it, and notifies d (when set) after the commit.
 func (b *Bed) EnqueueOutbox(ctx context.Context, e outbox.Event, rollback bool, d *outbox.Dispatcher) error {
 	if e.EventID == "" {
-		e.EventID = envelope.NewEventID()
+		e.EventID = wire.NewEventID()
 	}
 	a := &Attempt{ID: e.EventID, Source: "outbox", Rollback: rollback}
 	b.Record(a)

@@ -54,8 +54,7 @@ func (c Child) Crash(ctx context.Context) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+c.Test+"$", "-test.count=1")
-	cmd.Env = append(append(os.Environ(), EnvChild+"="+c.Test, failpoint.EnvVar+"="+c.Failpoint), c.Env...)
+	cmd := c.Command(ctx)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -75,6 +74,20 @@ func (c Child) Crash(ctx context.Context) ([]byte, error) {
 		return out.Bytes(), fmt.Errorf("testenv: child %s (%s) was not killed by the failpoint: %w\n%s", c.Test, c.Failpoint, err, out.Bytes())
 	}
 	return out.Bytes(), nil
+}
+
+// Command is the child's command, for a test that drives the child itself
+// (reads its output as it runs, stops it with a signal) instead of waiting
+// for a failpoint's SIGKILL: the test binary, Test alone, EnvChild, Env, and
+// the Failpoint when set. ctx kills it.
+func (c Child) Command(ctx context.Context) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+c.Test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), EnvChild+"="+c.Test)
+	if c.Failpoint != "" {
+		cmd.Env = append(cmd.Env, failpoint.EnvVar+"="+c.Failpoint)
+	}
+	cmd.Env = append(cmd.Env, c.Env...)
+	return cmd
 }
 
 // MustCrash is Crash that fails t on an error.

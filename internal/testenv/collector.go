@@ -13,8 +13,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/pushstop"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Collector is a raw push consumer that records every delivery on a topic,
@@ -55,7 +55,7 @@ func Collect(t testing.TB, topic string) *Collector {
 	err = pc.Subscribe(topic, consumer.MessageSelector{}, gate.Wrap(func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 		c.mu.Lock()
 		for _, m := range msgs {
-			id := m.GetProperty(envelope.PropEventID)
+			id := m.GetProperty(wire.PropEventID)
 			if id == "" {
 				id = m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex)
 			}
@@ -234,7 +234,7 @@ func Describe(m *primitive.MessageExt) string {
 // broker's and client's own, which carry no user data (not KEYS, which holds
 // business keys), and the rmqtx event id.
 var describedProps = map[string]bool{
-	envelope.PropEventID:                             true,
+	wire.PropEventID: true,
 	primitive.PropertyUniqueClientMessageIdKeyIndex:  true,
 	primitive.PropertyTags:                           true,
 	primitive.PropertyRealTopic:                      true,

@@ -12,8 +12,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rmqtx/rmqtx/internal/envelope"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // These smoke tests prove the test bed with the raw client only: a real
@@ -26,9 +26,9 @@ func TestSmokeNormalMessage(t *testing.T) {
 	c := testenv.Collect(t, topic)
 	p := testenv.Producer(t)
 
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	msg := primitive.NewMessage(topic, []byte("hello"))
-	msg.WithProperty(envelope.PropEventID, id)
+	msg.WithProperty(wire.PropEventID, id)
 	res, err := p.SendSync(context.Background(), msg)
 	require.NoError(t, err)
 	require.Equal(t, primitive.SendOK, res.Status)
@@ -55,11 +55,11 @@ func newTxListener() *txListener {
 func (l *txListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.plan[m.GetProperty(envelope.PropEventID)]
+	return l.plan[m.GetProperty(wire.PropEventID)]
 }
 
 func (l *txListener) CheckLocalTransaction(m *primitive.MessageExt) primitive.LocalTransactionState {
-	id := m.GetProperty(envelope.PropEventID)
+	id := m.GetProperty(wire.PropEventID)
 	l.mu.Lock()
 	l.checks[id]++
 	n := l.checks[id]
@@ -97,7 +97,7 @@ func newTxProducer(t *testing.T, s testenv.Settings, l *txListener) rocketmq.Tra
 
 func txMessage(topic, id string) *primitive.Message {
 	m := primitive.NewMessage(topic, []byte("tx-"+id))
-	m.WithProperty(envelope.PropEventID, id)
+	m.WithProperty(wire.PropEventID, id)
 	m.WithKeys([]string{id})
 	return m
 }
@@ -111,7 +111,7 @@ func TestSmokeTransactionCommit(t *testing.T) {
 	l := newTxListener()
 	p := newTxProducer(t, s, l)
 
-	id := envelope.NewEventID()
+	id := wire.NewEventID()
 	l.plan[id] = primitive.CommitMessageState
 	res, err := p.SendMessageInTransaction(context.Background(), txMessage(topic, id))
 	require.NoError(t, err)
@@ -144,7 +144,7 @@ func TestSmokeRollbackAndCheckBack(t *testing.T) {
 	}
 	p := newTxProducer(t, s, l)
 
-	rolledBack, unknown := envelope.NewEventID(), envelope.NewEventID()
+	rolledBack, unknown := wire.NewEventID(), wire.NewEventID()
 	l.plan[rolledBack] = primitive.RollbackMessageState
 	l.plan[unknown] = primitive.UnkonwnState
 	res, err := p.SendMessageInTransaction(context.Background(), txMessage(topic, rolledBack))

@@ -170,7 +170,10 @@ func (r *batchRecorder) sizes() (batched, largest int) {
 // sink refuses is DEAD alone while its claim's other rows are SENT.
 func TestBatchSendsKeepOrderOnBroker(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testBatchSendsKeepOrderOnBroker)
+}
+
+func testBatchSendsKeepOrderOnBroker(t *testing.T, b *bed) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -275,7 +278,10 @@ func TestBatchSendsKeepOrderOnBroker(t *testing.T) {
 // exactly: one per row, two for the rows of the batch that was sent twice.
 func TestBatchPartialFailureOutcomesExact(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testBatchPartialFailureOutcomesExact)
+}
+
+func testBatchPartialFailureOutcomesExact(t *testing.T, b *bed) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -350,7 +356,7 @@ func TestBatchPartialFailureOutcomesExact(t *testing.T) {
 	defer mu.Unlock()
 	for _, id := range ids {
 		var retryCount int
-		require.NoError(t, b.db.Get(&retryCount, "SELECT retry_count FROM "+b.table.Name()+" WHERE event_id = ?", id))
+		require.NoError(t, b.db.Get(&retryCount, b.db.Rebind("SELECT retry_count FROM "+b.table.Name()+" WHERE event_id = ?"), id))
 		switch {
 		case failedBefore[id]:
 			require.Equal(t, []Status{StatusRetry, StatusSent}, outcomes[id], "row %s of the batch that failed before sending", id)
@@ -376,7 +382,10 @@ func TestBatchPartialFailureOutcomesExact(t *testing.T) {
 // own outcome (here all SENT, each delivered once).
 func TestBatchRefusedByBrokerSendsRowsAlone(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testBatchRefusedByBrokerSendsRowsAlone)
+}
+
+func testBatchRefusedByBrokerSendsRowsAlone(t *testing.T, b *bed) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -405,7 +414,7 @@ func TestBatchRefusedByBrokerSendsRowsAlone(t *testing.T) {
 	if retries != 0 {
 		b.dump(t)
 		var codes []string
-		_ = b.db.Select(&codes, "SELECT CONCAT(IFNULL(last_error_code,''), ' ', IFNULL(last_error_message,'')) FROM "+b.table.Name())
+		_ = b.db.Select(&codes, "SELECT CONCAT(COALESCE(last_error_code, ''), ' ', COALESCE(last_error_message, '')) FROM "+b.table.Name())
 		t.Logf("codes %q", codes)
 	}
 	require.Zero(t, retries, "sent alone within the same attempt")

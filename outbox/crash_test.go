@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -75,8 +74,7 @@ func TestHelperProcessOutbox(t *testing.T) {
 		return // not a child: nothing to do
 	}
 	s := testenv.Load()
-	db, err := sqlx.Open("mysql", s.DSN(os.Getenv(envHelperDB)))
-	require.NoError(t, err)
+	db := testenv.OpenDBRefEnv(t, envHelperDB) // either database: the parent's testenv.DBRef
 	sink, err := NewRocketMQSink(RocketMQConfig{NameServers: []string{s.NameServer}, Group: "rmqtx_outbox_crash_child",
 		InstanceName: "rmqtx-outbox-crash-child-" + randomSuffix()})
 	require.NoError(t, err)
@@ -104,7 +102,7 @@ func TestHelperProcessOutbox(t *testing.T) {
 func crashAt(t *testing.T, b *bed, mode, fp string) int {
 	t.Helper()
 	testenv.Child{Test: "TestHelperProcessOutbox", Failpoint: fp,
-		Env: []string{envHelperDB + "=" + testenv.DBName(t, b.db), envHelperMode + "=" + mode}}.MustCrash(t)
+		Env: []string{envHelperDB + "=" + testenv.DBRef(t, b.db), envHelperMode + "=" + mode}}.MustCrash(t)
 	var left int
 	require.NoError(t, b.db.Get(&left, "SELECT COUNT(*) FROM "+b.table.Name()+" WHERE status = 'SENDING' AND owner_token LIKE 'child.%'"))
 	return left
@@ -116,8 +114,7 @@ func crashAt(t *testing.T, b *bed, mode, fp string) int {
 // rows the child held are SENDING until their lease expires, then taken over.
 // Either way nothing is lost, and a message the child sent is delivered
 // again, under its event id.
-func runCrash(t *testing.T, mode, fp string) {
-	b := newBed(t)
+func runCrash(t *testing.T, b *bed, mode, fp string) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -178,7 +175,7 @@ func TestCrashAfterClaim(t *testing.T) {
 	for _, mode := range []string{modeHeld, modeTwo} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			runCrash(t, mode, failpoint.AfterClaim)
+			eachDB(t, func(t *testing.T, b *bed) { runCrash(t, b, mode, failpoint.AfterClaim) })
 		})
 	}
 }
@@ -192,7 +189,7 @@ func TestCrashAfterSend(t *testing.T) {
 	for _, mode := range []string{modeHeld, modeTwo} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			runCrash(t, mode, failpoint.AfterSend)
+			eachDB(t, func(t *testing.T, b *bed) { runCrash(t, b, mode, failpoint.AfterSend) })
 		})
 	}
 }
@@ -206,7 +203,10 @@ func TestCrashAfterSend(t *testing.T) {
 // sessions; TestHeldClaimZombie checks that).
 func TestPausedDispatcherIsOvertaken(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testPausedDispatcherIsOvertaken)
+}
+
+func testPausedDispatcherIsOvertaken(t *testing.T, b *bed) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -216,7 +216,7 @@ func TestPausedDispatcherIsOvertaken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := testenv.Child{Test: "TestHelperProcessOutbox", Env: []string{
-		envHelperDB + "=" + testenv.DBName(t, b.db), envHelperMode + "=" + modePause}}.Command(ctx)
+		envHelperDB + "=" + testenv.DBRef(t, b.db), envHelperMode + "=" + modePause}}.Command(ctx)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/dialect"
@@ -30,7 +29,10 @@ func heldQueries(t *testing.T, b *bed) queries {
 // the session's own idle limit is restored on the pooled connection.
 func TestHeldClaimLocksWithoutWriting(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testHeldClaimLocksWithoutWriting)
+}
+
+func testHeldClaimLocksWithoutWriting(t *testing.T, b *bed) {
 	ctx := context.Background()
 	q := heldQueries(t, b)
 	agg := []Event{
@@ -89,31 +91,39 @@ func TestHeldClaimLocksWithoutWriting(t *testing.T) {
 // runs on that very connection).
 func TestHeldClaimRestoresIdleLimit(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testHeldClaimRestoresIdleLimit)
+}
+
+func testHeldClaimRestoresIdleLimit(t *testing.T, b *bed) {
 	ctx := context.Background()
-	one, err := sqlx.Open("mysql", testenv.Load().DSN(testenv.DBName(t, b.db)))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = one.Close() })
+	one := testenv.Reopen(t, b.db)
 	one.SetMaxOpenConns(1)
 	q := newQueries(dialect.Must(one), b.table.Name()) // unprepared: no second connection needed
-	var before int
-	require.NoError(t, one.Get(&before, "SELECT @@SESSION.wait_timeout"))
-	require.Greater(t, before, 7)
+	// The session setting that bounds an idle claim, and its value for 7s:
+	// MariaDB's wait_timeout in seconds, PostgreSQL's
+	// idle_in_transaction_session_timeout (set LOCAL to the transaction).
+	limit, want := "SELECT CAST(@@SESSION.wait_timeout AS CHAR)", "7"
+	if one.DriverName() != "mysql" {
+		limit, want = "SELECT current_setting('idle_in_transaction_session_timeout')", "7s"
+	}
+	var before string
+	require.NoError(t, one.Get(&before, limit))
+	require.NotEqual(t, want, before)
 	b.enqueue(t, events("t", 2)...)
 	for _, commit := range []bool{true, false} {
 		res, err := q.claimHeld(ctx, one, "R.1", 10, time.Minute, 7*time.Second, allSteps, nil)
 		require.NoError(t, err)
 		require.NotEmpty(t, res.rows)
-		var during int
-		require.NoError(t, res.hold.tx.Get(&during, "SELECT @@SESSION.wait_timeout"))
-		require.Equal(t, 7, during)
+		var during string
+		require.NoError(t, res.hold.tx.Get(&during, limit))
+		require.Equal(t, want, during)
 		if commit {
 			require.NoError(t, res.hold.markSent("R.1", claimedIDs(res.rows[:1])))
 			require.NoError(t, res.hold.commit())
 		}
 		res.hold.end()
-		var after int
-		require.NoError(t, one.Get(&after, "SELECT @@SESSION.wait_timeout"))
+		var after string
+		require.NoError(t, one.Get(&after, limit))
 		require.Equal(t, before, after, "commit %v: the pooled connection kept the claim's idle limit", commit)
 	}
 	require.Equal(t, map[Status]int{StatusSent: 1, StatusPending: 1}, b.counts(t))
@@ -125,7 +135,10 @@ func TestHeldClaimRestoresIdleLimit(t *testing.T) {
 // the rows and records them; A's late outcome fails and changes nothing.
 func TestHeldClaimZombie(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testHeldClaimZombie)
+}
+
+func testHeldClaimZombie(t *testing.T, b *bed) {
 	ctx := context.Background()
 	q := heldQueries(t, b)
 	ids := b.enqueue(t, events("t", 3)...)
@@ -171,11 +184,23 @@ func TestHeldClaimZombie(t *testing.T) {
 func rowWrites(t *testing.T, b *bed) func() map[string]int {
 	t.Helper()
 	log := b.table.Name() + "_writes"
-	_, err := b.db.Exec("CREATE TABLE " + log + " (n BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL)")
-	require.NoError(t, err)
-	_, err = b.db.Exec("CREATE TRIGGER " + log + "_tr AFTER UPDATE ON " + b.table.Name() +
-		" FOR EACH ROW INSERT INTO " + log + " (event_id, status) VALUES (NEW.event_id, NEW.status)")
-	require.NoError(t, err)
+	stmts := []string{
+		"CREATE TABLE " + log + " (n BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL)",
+		"CREATE TRIGGER " + log + "_tr AFTER UPDATE ON " + b.table.Name() +
+			" FOR EACH ROW INSERT INTO " + log + " (event_id, status) VALUES (NEW.event_id, NEW.status)",
+	}
+	if b.db.DriverName() != "mysql" {
+		stmts = []string{
+			"CREATE TABLE " + log + " (n BIGSERIAL PRIMARY KEY, event_id VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL)",
+			"CREATE FUNCTION " + log + "_fn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN INSERT INTO " + log +
+				" (event_id, status) VALUES (NEW.event_id, NEW.status); RETURN NULL; END $$",
+			"CREATE TRIGGER " + log + "_tr AFTER UPDATE ON " + b.table.Name() + " FOR EACH ROW EXECUTE FUNCTION " + log + "_fn()",
+		}
+	}
+	for _, q := range stmts {
+		_, err := b.db.Exec(q)
+		require.NoError(t, err)
+	}
 	return func() map[string]int {
 		var rows []struct {
 			ID string `db:"event_id"`
@@ -205,25 +230,26 @@ func TestOneWritePerRowWithBatchSink(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			b := newBed(t)
-			topic := testenv.Name(t, "topic")
-			testenv.CreateTopic(t, topic, 4)
-			col := testenv.Collect(t, topic)
-			const n = 300
-			ids := b.enqueue(t, events(topic, n)...)
-			writes := rowWrites(t, b)
-			d := b.dispatcher(t, Config{Sink: c.sink(b.sink(t)), BatchSize: 64, Concurrency: 8, PollInterval: 100 * time.Millisecond})
-			b.waitStatus(t, StatusSent, n, 2*time.Minute)
-			snap := col.WaitDistinct(t, n, time.Minute)
-			w := writes()
-			for _, id := range ids {
-				require.Equal(t, 1, snap.Counts[id], "row %s delivered once", id)
-				require.Equal(t, c.writes, w[id], "row %s written %d times", id, w[id])
-			}
-			st := d.Stats()
-			require.EqualValues(t, n, st.Sent)
-			require.Zero(t, st.MarkErrors+st.LostLeases+st.TookOver)
-			t.Logf("%s: %d rows, %d write(s) each, %d claims' worth of rows, each delivered once", c.name, n, c.writes, st.Claimed)
+			eachDB(t, func(t *testing.T, b *bed) {
+				topic := testenv.Name(t, "topic")
+				testenv.CreateTopic(t, topic, 4)
+				col := testenv.Collect(t, topic)
+				const n = 300
+				ids := b.enqueue(t, events(topic, n)...)
+				writes := rowWrites(t, b)
+				d := b.dispatcher(t, Config{Sink: c.sink(b.sink(t)), BatchSize: 64, Concurrency: 8, PollInterval: 100 * time.Millisecond})
+				b.waitStatus(t, StatusSent, n, 2*time.Minute)
+				snap := col.WaitDistinct(t, n, time.Minute)
+				w := writes()
+				for _, id := range ids {
+					require.Equal(t, 1, snap.Counts[id], "row %s delivered once", id)
+					require.Equal(t, c.writes, w[id], "row %s written %d times", id, w[id])
+				}
+				st := d.Stats()
+				require.EqualValues(t, n, st.Sent)
+				require.Zero(t, st.MarkErrors+st.LostLeases+st.TookOver)
+				t.Logf("%s: %d rows, %d write(s) each, %d claims' worth of rows, each delivered once", c.name, n, c.writes, st.Claimed)
+			})
 		})
 	}
 }
@@ -256,7 +282,10 @@ func (s blockingBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
 // the rows are as they were, unwritten (no owner, no retry used).
 func TestShutdownHeldClaim(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testShutdownHeldClaim)
+}
+
+func testShutdownHeldClaim(t *testing.T, b *bed) {
 	sink := blockingBatch{entered: make(chan string, 10), release: make(chan struct{})}
 	first := b.enqueue(t, events("cmd", 3)...)
 	cfg := Config{DB: b.db, Sink: sink, Concurrency: 4, BatchSize: 8, PollInterval: 20 * time.Millisecond}

@@ -23,16 +23,35 @@ type bed struct {
 	table Table
 }
 
-func newBed(t *testing.T) *bed {
+// newBed migrates db (a fresh database of testenv.EachDB) and returns the
+// bed on it.
+func newBed(t *testing.T, db *sqlx.DB) *bed {
 	t.Helper()
 	s := testenv.Integration(t)
-	db := testenv.DB(t)
 	tb, err := NewTable("")
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, migrateOutbox(ctx, db, ""))
 	return &bed{s: s, db: db, table: tb}
+}
+
+// eachDB runs body on a fresh bed on each database (testenv.EachDB), the
+// two as parallel subtests.
+func eachDB(t *testing.T, body func(t *testing.T, b *bed)) {
+	t.Helper()
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		body(t, newBed(t, db))
+	})
+}
+
+// exec runs a fixture statement written with "?" placeholders on b's
+// database.
+func (b *bed) exec(t *testing.T, q string, args ...any) {
+	t.Helper()
+	_, err := b.db.Exec(b.db.Rebind(q), args...)
+	require.NoError(t, err)
 }
 
 // enqueue writes events in transactions of at most 200 rows.

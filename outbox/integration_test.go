@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -29,8 +30,11 @@ import (
 
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	t.Parallel()
-	testenv.Integration(t)
-	db := testenv.DB(t)
+	testenv.EachDB(t, testMigrateIsIdempotentAndConcurrent)
+}
+
+func testMigrateIsIdempotentAndConcurrent(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
@@ -55,7 +59,10 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 
 func TestEnqueueJoinsTheCallersTransaction(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testEnqueueJoinsTheCallersTransaction)
+}
+
+func testEnqueueJoinsTheCallersTransaction(t *testing.T, b *bed) {
 	ctx := context.Background()
 	ev := Event{EventType: "OrderCreated", EventVersion: 1, AggregateType: "Order", AggregateID: "o-1",
 		AggregateVersion: 1, Destination: "orders", MessageKey: "o-1", Payload: []byte(`{"id":"o-1"}`),
@@ -97,15 +104,37 @@ func TestEnqueueJoinsTheCallersTransaction(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidEvent)
 	require.Equal(t, map[Status]int{StatusPending: 1}, b.counts(t))
 
-	// a plain *sql.Tx names no driver: it is taken to be MySQL
+	// A duplicate leaves the caller's transaction usable on both databases
+	// (PostgreSQL aborts a transaction on any failed statement): the other
+	// work in it commits.
+	tx, err = b.db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	_, err = b.table.Enqueue(ctx, tx, ev)
+	require.ErrorIs(t, err, ErrDuplicateEvent)
+	after, err := b.table.Enqueue(ctx, tx, Event{EventType: "OrderShipped", Destination: "orders"})
+	require.NoError(t, err, "the transaction goes on after a duplicate")
+	require.NoError(t, tx.Commit())
+	row, err = b.table.Get(ctx, b.db, after)
+	require.NoError(t, err)
+	require.Equal(t, StatusPending, row.Status)
+	require.Equal(t, map[Status]int{StatusPending: 2}, b.counts(t))
+
+	// A plain *sql.Tx names no driver: refused unless the table is bound to
+	// one, and nothing is written (no SQL for a guessed database is sent).
 	stx, err := b.db.DB.BeginTx(ctx, nil)
 	require.NoError(t, err)
-	plain, err := b.table.Enqueue(ctx, stx, Event{EventType: "OrderCreated", Destination: "orders"})
+	_, err = b.table.Enqueue(ctx, stx, Event{EventType: "OrderCreated", Destination: "orders"})
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "WithDriver")
+	bound, err := b.table.WithDriver(b.db.DriverName())
+	require.NoError(t, err)
+	plain, err := bound.Enqueue(ctx, stx, Event{EventType: "OrderCreated", Destination: "orders"})
 	require.NoError(t, err)
 	require.NoError(t, stx.Commit())
 	row, err = b.table.Get(ctx, b.db, plain)
 	require.NoError(t, err)
 	require.Equal(t, StatusPending, row.Status)
+	require.Equal(t, map[Status]int{StatusPending: 3}, b.counts(t))
 }
 
 // TestLeaseTakeoverAndStaleOwner drives the claim SQL directly: a row whose
@@ -113,7 +142,10 @@ func TestEnqueueJoinsTheCallersTransaction(t *testing.T) {
 // updates nothing.
 func TestLeaseTakeoverAndStaleOwner(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testLeaseTakeoverAndStaleOwner)
+}
+
+func testLeaseTakeoverAndStaleOwner(t *testing.T, b *bed) {
 	ctx := context.Background()
 	ids := b.enqueue(t, events("t", 3)...)
 	q := newQueries(dialect.Must(b.db), b.table.Name())
@@ -169,13 +201,12 @@ func TestTwoDispatchersRace(t *testing.T) {
 	for _, k := range sinkKinds {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
-			runRace(t, k.held)
+			eachDB(t, func(t *testing.T, b *bed) { runRace(t, b, k.held) })
 		})
 	}
 }
 
-func runRace(t *testing.T, held bool) {
-	b := newBed(t)
+func runRace(t *testing.T, b *bed, held bool) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 8)
 	col := testenv.Collect(t, topic)
@@ -270,7 +301,10 @@ func failuresText(mu *sync.Mutex, m map[string]int) string {
 // dispatcher and sink. The shared broker itself is never stopped.
 func TestBrokerUnreachableThenBack(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testBrokerUnreachableThenBack)
+}
+
+func testBrokerUnreachableThenBack(t *testing.T, b *bed) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -347,7 +381,10 @@ func TestBrokerUnreachableThenBack(t *testing.T) {
 // good row is sent while the dead ones are never attempted again.
 func TestPermanentErrorsGoDeadAtOnce(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testPermanentErrorsGoDeadAtOnce)
+}
+
+func testPermanentErrorsGoDeadAtOnce(t *testing.T, b *bed) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 4)
 	col := testenv.Collect(t, topic)
@@ -407,7 +444,10 @@ func TestPermanentErrorsGoDeadAtOnce(t *testing.T) {
 // row DEAD after MaxRetries retries.
 func TestRetriesExhaustedGoDead(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testRetriesExhaustedGoDead)
+}
+
+func testRetriesExhaustedGoDead(t *testing.T, b *bed) {
 	var calls sync.Map
 	sink := FuncSink(func(_ context.Context, m *Message) error {
 		v, _ := calls.LoadOrStore(m.EventID, new(int))
@@ -435,7 +475,10 @@ func TestRetriesExhaustedGoDead(t *testing.T) {
 // key, and every key arrives.
 func TestCommandOutboxHTTP(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testCommandOutboxHTTP)
+}
+
+func testCommandOutboxHTTP(t *testing.T, b *bed) {
 	var mu sync.Mutex
 	calls := map[string][]string{} // key -> attempt header of each call
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -535,7 +578,7 @@ func TestPerAggregateOrder(t *testing.T) {
 	for _, k := range sinkKinds {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
-			runOrder(t, k.held)
+			eachDB(t, func(t *testing.T, b *bed) { runOrder(t, b, k.held) })
 		})
 	}
 }
@@ -549,8 +592,7 @@ func (j jitterBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
 	return j.countingBatch.SendBatch(ctx, msgs)
 }
 
-func runOrder(t *testing.T, held bool) {
-	b := newBed(t)
+func runOrder(t *testing.T, b *bed, held bool) {
 	topic := testenv.Name(t, "topic")
 	testenv.CreateTopic(t, topic, 8)
 	col := testenv.Collect(t, topic)
@@ -635,7 +677,10 @@ func runOrder(t *testing.T, held bool) {
 // without consuming a retry. No goroutine outlives Shutdown. (Not parallel:
 // it counts the package's goroutines.)
 func TestShutdownDrainsAndHandsBack(t *testing.T) {
-	b := newBed(t)
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) { testShutdownDrainsAndHandsBack(t, newBed(t, db)) })
+}
+
+func testShutdownDrainsAndHandsBack(t *testing.T, b *bed) {
 	requireNoDispatcherGoroutines(t, "no dispatcher runs before the test")
 	entered := make(chan string, 10)
 	release := make(chan struct{})

@@ -35,7 +35,7 @@ func migrateOutbox(ctx context.Context, db *sqlx.DB, prefix string) error {
 
 func TestMigrationsRefuseUnknownDialectAndBadPrefix(t *testing.T) {
 	t.Parallel()
-	for _, d := range []string{"", "postgres", "../mysql", "mysql/.."} {
+	for _, d := range []string{"", "sqlite3", "oracle", "../mysql", "mysql/..", "postgres/..", "."} {
 		_, _, err := Migrations(d, "")
 		require.ErrorIs(t, err, ErrConfig, "dialect %q", d)
 		require.ErrorContains(t, err, "outbox: ")
@@ -43,12 +43,14 @@ func TestMigrationsRefuseUnknownDialectAndBadPrefix(t *testing.T) {
 	_, _, err := Migrations("mysql", "x; DROP TABLE y")
 	require.ErrorIs(t, err, ErrConfig)
 
-	_, names, err := Migrations("mysql", "")
-	require.NoError(t, err)
-	require.Equal(t, map[string]string{"{{table}}": "rmqtx_outbox"}, names)
-	_, names, err = Migrations("mysql", "svc_")
-	require.NoError(t, err)
-	require.Equal(t, map[string]string{"{{table}}": "svc_outbox"}, names)
+	for _, d := range []string{"mysql", "postgres"} {
+		_, names, err := Migrations(d, "")
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"{{table}}": "rmqtx_outbox"}, names)
+		_, names, err = Migrations(d, "svc_")
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"{{table}}": "svc_outbox"}, names)
+	}
 }
 
 func TestMigrationStatements(t *testing.T) {

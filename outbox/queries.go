@@ -403,7 +403,7 @@ type Backlog struct {
 // Backlog returns the unsent rows per destination (what the OutboxPending
 // and OutboxOldestAge gauges show).
 func (t Table) Backlog(ctx context.Context, db sqlx.QueryerContext) ([]Backlog, error) {
-	d, err := handleDialect(db)
+	d, err := t.dialectOf(db)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	_ "time/tzdata" // a DSN location below, whatever the machine's zoneinfo
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -22,34 +23,51 @@ import (
 // it are skipped.
 func TestClaimResumesExactlyWhereItStopped(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testClaimResumesExactlyWhereItStopped)
+}
+
+func testClaimResumesExactlyWhereItStopped(t *testing.T, b *bed) {
 	ctx := context.Background()
-	base, err := mysql.ParseDSN(testenv.Load().DSN(testenv.DBName(t, b.db)))
-	require.NoError(t, err)
 	tokyo, err := time.LoadLocation("Asia/Tokyo")
 	require.NoError(t, err)
-	for _, v := range []struct {
+	// The DSN variants of each database: how its driver hands times back
+	// and sends them.
+	type variant struct {
 		name string
-		set  func(c *mysql.Config)
-	}{
-		{"parseTime UTC", func(c *mysql.Config) {}},
-		{"text", func(c *mysql.Config) { c.ParseTime = false }},
-		{"parseTime Tokyo", func(c *mysql.Config) { c.Loc = tokyo }},
-		{"interpolated text", func(c *mysql.Config) { c.ParseTime, c.InterpolateParams = false, true }},
-		{"interpolated Tokyo", func(c *mysql.Config) { c.Loc, c.InterpolateParams = tokyo, true }},
-	} {
+		open func() *sqlx.DB
+	}
+	my := func(name string, set func(c *mysql.Config)) variant {
+		return variant{name, func() *sqlx.DB { return testenv.MySQLVariant(t, b.db, set) }}
+	}
+	pg := func(name string, set func(c *pgx.ConnConfig)) variant {
+		return variant{name, func() *sqlx.DB { return testenv.PGVariant(t, b.db, set) }}
+	}
+	variants := []variant{
+		my("parseTime UTC", func(c *mysql.Config) {}),
+		my("text", func(c *mysql.Config) { c.ParseTime = false }),
+		my("parseTime Tokyo", func(c *mysql.Config) { c.Loc = tokyo }),
+		my("interpolated text", func(c *mysql.Config) { c.ParseTime, c.InterpolateParams = false, true }),
+		my("interpolated Tokyo", func(c *mysql.Config) { c.Loc, c.InterpolateParams = tokyo, true }),
+	}
+	if b.db.DriverName() != "mysql" {
+		variants = []variant{
+			pg("extended UTC", func(c *pgx.ConnConfig) { c.RuntimeParams["timezone"] = "UTC" }),
+			pg("extended Tokyo", func(c *pgx.ConnConfig) { c.RuntimeParams["timezone"] = "Asia/Tokyo" }),
+			pg("simple protocol Tokyo", func(c *pgx.ConnConfig) {
+				c.RuntimeParams["timezone"] = "Asia/Tokyo"
+				c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+			}),
+			pg("exec mode", func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeExec }),
+		}
+	}
+	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			cfg := base.Clone()
-			v.set(cfg)
-			db, err := sqlx.Open("mysql", cfg.FormatDSN())
-			require.NoError(t, err)
-			defer db.Close()
+			db := v.open()
 			topic := testenv.Name(t, "t")
 			ids := b.enqueue(t, events(topic, 4)...)
 			for i, id := range ids { // due one after the other, with microseconds
-				_, err := b.db.Exec("UPDATE "+b.table.Name()+" SET next_retry_at = ? WHERE event_id = ?",
+				b.exec(t, "UPDATE "+b.table.Name()+" SET next_retry_at = ? WHERE event_id = ?",
 					fmt.Sprintf("2020-01-01 00:00:0%d.12345%d", i, i), id)
-				require.NoError(t, err)
 			}
 			q := newQueries(dialect.Must(db), b.table.Name())
 			q.stmts = stmtcache.New(db) // prepared, as a dispatcher runs them
@@ -65,9 +83,8 @@ func TestClaimResumesExactlyWhereItStopped(t *testing.T) {
 				n, err := q.release(ctx, id, "R.1")
 				require.NoError(t, err)
 				require.EqualValues(t, 1, n)
-				_, err = b.db.Exec("UPDATE "+b.table.Name()+" SET next_retry_at = ? WHERE event_id = ?",
+				b.exec(t, "UPDATE "+b.table.Name()+" SET next_retry_at = ? WHERE event_id = ?",
 					fmt.Sprintf("2020-01-01 00:00:0%d.12345%d", i, i), id)
-				require.NoError(t, err)
 			}
 
 			resumed, err := q.claimWith(ctx, db, "R.2", 2, time.Minute, pendingOnly, first.last)
@@ -77,8 +94,7 @@ func TestClaimResumesExactlyWhereItStopped(t *testing.T) {
 			fromStart, err := q.claimWith(ctx, db, "R.3", 2, time.Minute, pendingOnly, nil)
 			require.NoError(t, err)
 			require.Equal(t, []string{ids[0], ids[3]}, claimedIDs(fromStart.rows))
-			_, err = b.db.Exec("UPDATE "+b.table.Name()+" SET status = 'SENT' WHERE event_id IN (?, ?, ?, ?)", ids[0], ids[1], ids[2], ids[3])
-			require.NoError(t, err)
+			b.exec(t, "UPDATE "+b.table.Name()+" SET status = 'SENT' WHERE event_id IN (?, ?, ?, ?)", ids[0], ids[1], ids[2], ids[3])
 		})
 	}
 }
@@ -95,15 +111,15 @@ func claimedIDs(rows []claimedRow) []string {
 // database's clock.
 func TestBacklog(t *testing.T) {
 	t.Parallel()
-	b := newBed(t)
+	eachDB(t, testBacklog)
+}
+
+func testBacklog(t *testing.T, b *bed) {
 	ctx := context.Background()
 	ids := b.enqueue(t, append(events("a", 3), events("b", 1)...)...)
-	_, err := b.db.Exec("UPDATE "+b.table.Name()+" SET created_at = '2020-01-01 00:00:00' WHERE event_id = ?", ids[1])
-	require.NoError(t, err)
-	_, err = b.db.Exec("UPDATE "+b.table.Name()+" SET status = 'SENDING' WHERE event_id = ?", ids[2])
-	require.NoError(t, err)
-	_, err = b.db.Exec("UPDATE "+b.table.Name()+" SET status = 'SENT' WHERE event_id = ?", ids[3])
-	require.NoError(t, err)
+	b.exec(t, "UPDATE "+b.table.Name()+" SET created_at = ? WHERE event_id = ?", time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC), ids[1])
+	b.exec(t, "UPDATE "+b.table.Name()+" SET status = 'SENDING' WHERE event_id = ?", ids[2])
+	b.exec(t, "UPDATE "+b.table.Name()+" SET status = 'SENT' WHERE event_id = ?", ids[3])
 
 	got, err := b.table.Backlog(ctx, b.db)
 	require.NoError(t, err)

@@ -28,8 +28,10 @@ const TableSuffix = "outbox"
 // change; passing a *sql.DB works but loses the atomicity the outbox is for.
 //
 // The SQL is written for the database the handle names with a DriverName
-// method (*sqlx.Tx and *sqlx.DB do); a handle without one (*sql.Tx, *sql.DB)
-// is taken to be MySQL, the one database rmqtx supports so far.
+// method (*sqlx.Tx and *sqlx.DB do). A handle without one (*sql.Tx,
+// *sql.DB) says nothing of its database, and a guess would send one
+// database's SQL to the other: it needs a table bound to its driver with
+// Table.WithDriver, and is an ErrConfig otherwise.
 type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
@@ -37,14 +39,19 @@ type Execer interface {
 // driverNamer is a handle that names its database/sql driver.
 type driverNamer interface{ DriverName() string }
 
-// handleDialect returns the dialect of a caller's handle (see Execer):
-// Table's methods run on the caller's transaction or pool, so the table
-// cannot choose its dialect once, as a Dispatcher does. An unsupported
-// driver is a configuration error.
-func handleDialect(h any) (dialect.Dialect, error) {
+// dialectOf returns the dialect of a caller's handle (see Execer): Table's
+// methods run on the caller's transaction or pool, so the table cannot
+// choose its dialect once, as a Dispatcher does. A handle that names its
+// driver is taken at its word; one that does not takes the table's
+// (WithDriver). An unsupported or unknown driver is a configuration error.
+func (t Table) dialectOf(h any) (dialect.Dialect, error) {
 	n, ok := h.(driverNamer)
 	if !ok {
-		return dialect.MySQL, nil
+		if t.d == nil {
+			return nil, fmt.Errorf("%w: a %T does not name its database driver: pass a *sqlx.Tx or *sqlx.DB, "+
+				"or bind the table to the driver with Table.WithDriver", ErrConfig, h)
+		}
+		return t.d, nil
 	}
 	d, err := dialect.ForDriver(n.DriverName())
 	if err != nil {
@@ -56,7 +63,8 @@ func handleDialect(h any) (dialect.Dialect, error) {
 // Table is the outbox table under one prefix. It is a cheap value with no
 // connection of its own; the zero value is not usable, use NewTable.
 type Table struct {
-	name string // prefix + "outbox"
+	name string          // prefix + "outbox"
+	d    dialect.Dialect // WithDriver's: for handles that name no driver
 }
 
 // NewTable returns the outbox table <prefix>outbox. An empty prefix means
@@ -72,6 +80,19 @@ func NewTable(prefix string) (Table, error) {
 	return Table{name: name}, nil
 }
 
+// WithDriver returns t bound to the database of the database/sql driver
+// named driver ("mysql", "pgx"), so that its methods also take handles
+// that do not name their driver (*sql.Tx, *sql.DB); a handle that does is
+// still taken at its word. An unsupported driver is an ErrConfig.
+func (t Table) WithDriver(driver string) (Table, error) {
+	d, err := dialect.ForDriver(driver)
+	if err != nil {
+		return Table{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	t.d = d
+	return t, nil
+}
+
 // Name returns the table name, for example "rmqtx_outbox".
 func (t Table) Name() string { return t.name }
 
@@ -79,6 +100,12 @@ func (t Table) Name() string { return t.name }
 // returns its event id (generated when e.EventID is empty). The row becomes
 // visible to dispatchers when tx commits; call Dispatcher.Notify after the
 // commit to send it at once instead of at the next poll.
+//
+// An event id that already has a row is an error wrapping
+// ErrDuplicateEvent, and tx stays usable on every database: nothing was
+// written, and the caller may still commit its other work (PostgreSQL
+// would abort the whole transaction on a failed INSERT, so the statement
+// skips the existing row there instead of failing).
 //
 // When ctx holds a span (the caller's, an HTTP request's for example), its
 // trace context is stored with the row, in the headers column under keys
@@ -94,7 +121,7 @@ func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) 
 	if err := e.Validate(); err != nil {
 		return "", err
 	}
-	d, err := handleDialect(tx)
+	d, err := t.dialectOf(tx)
 	if err != nil {
 		return "", err
 	}
@@ -111,17 +138,16 @@ func (t Table) Enqueue(ctx context.Context, tx Execer, e Event) (string, error) 
 		payload = []byte{}
 	}
 	now := d.Now()
-	_, err = tx.ExecContext(ctx, d.Rebind("INSERT INTO "+t.name+` (event_id, aggregate_type, aggregate_id, aggregate_version,
+	inserted, err := d.ExecInsertNew(ctx, tx, d.Rebind(d.InsertNew(t.name, `event_id, aggregate_type, aggregate_id, aggregate_version,
   event_type, event_version, destination, message_key, payload, headers, status, retry_count,
-  next_retry_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, `+now+`, `+now+`, `+now+`)`),
+  next_retry_at, created_at, updated_at`, `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, `+now+`, `+now+`, `+now, "event_id")),
 		e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion,
 		e.EventType, e.EventVersion, e.Destination, e.MessageKey, payload, headers)
 	if err != nil {
-		if d.IsDuplicateKey(err) {
-			return "", fmt.Errorf("%w: %s", ErrDuplicateEvent, e.EventID)
-		}
 		return "", fmt.Errorf("outbox: enqueue %s: %w", e.EventID, err)
+	}
+	if !inserted {
+		return "", fmt.Errorf("%w: %s", ErrDuplicateEvent, e.EventID)
 	}
 	return e.EventID, nil
 }
@@ -188,7 +214,7 @@ func (r rowScan) row() Row {
 
 // Get returns the row of eventID, or an error wrapping ErrNotFound.
 func (t Table) Get(ctx context.Context, db sqlx.QueryerContext, eventID string) (Row, error) {
-	d, err := handleDialect(db)
+	d, err := t.dialectOf(db)
 	if err != nil {
 		return Row{}, err
 	}

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -168,6 +170,58 @@ func TestUnsupportedDriverIsAConfigError(t *testing.T) {
 	require.ErrorIs(t, err, ErrConfig)
 	_, err = tb.Backlog(ctx, other)
 	require.ErrorIs(t, err, ErrConfig)
+}
+
+// plainExecer is a handle that does not name its driver, as *sql.Tx: it
+// records the statements it is given and answers one affected row.
+type plainExecer struct{ queries []string }
+
+func (p *plainExecer) ExecContext(_ context.Context, query string, _ ...any) (sql.Result, error) {
+	p.queries = append(p.queries, query)
+	return driver.RowsAffected(1), nil
+}
+
+// A handle that names no driver gets SQL only from a table bound to one
+// (WithDriver), in that database's own syntax; unbound, it is a
+// configuration error before any statement.
+func TestEnqueueOnAHandleWithoutDriver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ev := Event{EventID: "e1", EventType: "T", Destination: "d"}
+	tb, err := NewTable("")
+	require.NoError(t, err)
+	h := &plainExecer{}
+	_, err = tb.Enqueue(ctx, h, ev)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "*outbox.plainExecer does not name its database driver")
+	_, err = Enqueue(ctx, h, ev)
+	require.ErrorIs(t, err, ErrConfig)
+	require.Empty(t, h.queries, "nothing sent for a guessed database")
+	_, err = tb.WithDriver("sqlite3")
+	require.ErrorIs(t, err, ErrConfig)
+
+	for driver, want := range map[string][]string{
+		"mysql": {"INSERT INTO rmqtx_outbox (", "VALUES (?, ?", "UTC_TIMESTAMP(6)"},
+		"pgx":   {"INSERT INTO rmqtx_outbox (", "VALUES ($1, $2", "ON CONFLICT (event_id) DO NOTHING"},
+	} {
+		bound, err := tb.WithDriver(driver)
+		require.NoError(t, err)
+		h := &plainExecer{}
+		id, err := bound.Enqueue(ctx, h, ev)
+		require.NoError(t, err)
+		require.Equal(t, "e1", id)
+		require.Len(t, h.queries, 1)
+		for _, w := range want {
+			require.Contains(t, h.queries[0], w, driver)
+		}
+	}
+	// A handle that names its driver is taken at its word, even by a bound
+	// table.
+	mysqlT, err := tb.WithDriver("mysql")
+	require.NoError(t, err)
+	_, err = mysqlT.Enqueue(ctx, sqlx.NewDb(nil, "sqlite3"), ev)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, `"sqlite3"`)
 }
 
 func TestNewTable(t *testing.T) {

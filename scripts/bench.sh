@@ -11,14 +11,27 @@
 # third_party/ instead (the gain the patches would bring). The table's
 # "client:" line and the JSON's machine.client name the client used.
 #
+# DB picks the database (make bench DB=postgres): mariadb (the default) or
+# postgres, the local PostgreSQL of scripts/services.sh (RMQTX_PG_DSN). Both
+# sides run on it; the raw sides use its own SQL. The roundtrips workload
+# reads MySQL's session counters and is skipped on PostgreSQL.
+#
 #   scripts/bench.sh                                   full run (about 6-8 minutes on 2 cores)
 #   scripts/bench.sh -workloads producer -rounds 5     any rmqtx-bench flag (go run ./cmd/rmqtx-bench -h)
+#   DB=postgres scripts/bench.sh                       on PostgreSQL (JSON default: bench-results-postgres.json)
 #   RMQTX_BENCH_CLIENT=patched scripts/bench.sh        the patched client
 #   BENCH_JSON=/tmp/b.json scripts/bench.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+
+case ${DB:-mariadb} in
+  mariadb | mysql) export RMQTX_BENCH_DB=mysql; json=${BENCH_JSON:-bench-results.json} ;;
+  postgres | postgresql | pg) export RMQTX_BENCH_DB=postgres; json=${BENCH_JSON:-bench-results-postgres.json} ;;
+  *) echo "bench: DB is mariadb (default) or postgres, not ${DB}" >&2; exit 2 ;;
+esac
+echo "bench: database ${RMQTX_BENCH_DB}" >&2
 
 bash scripts/services.sh up
 eval "$(bash scripts/services.sh env)"
@@ -38,5 +51,4 @@ case ${RMQTX_BENCH_CLIENT:-upstream} in
 esac
 echo "bench: rocketmq-client-go ${RMQTX_BENCH_CLIENT:-upstream}${view:+ (${view[0]})}" >&2
 
-json=${BENCH_JSON:-bench-results.json}
 go run "${view[@]}" ./cmd/rmqtx-bench -json "$json" "$@"

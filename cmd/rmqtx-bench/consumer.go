@@ -75,7 +75,7 @@ func measureDrain(ctx context.Context, e *Env, index int, want int64, start func
 func runConsumer(ctx context.Context, e *Env) *Workload {
 	o := e.Opt
 	n := o.Messages
-	drainCPU = newCPUMeter(e.S.MySQLAddr, e.S.Broker)
+	drainCPU = newCPUMeter(e.S.DBAddr(), e.S.Broker)
 	w := &Workload{Name: "consumer", Params: map[string]string{
 		"goroutines": fmt.Sprint(o.Concurrency), "messages": fmt.Sprint(n), "payload": fmt.Sprint(o.Payload),
 		"rounds": fmt.Sprint(o.Rounds), "batch": "1",
@@ -106,13 +106,8 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return fail(err)
 		}
 	}
-	if _, err := e.DB.ExecContext(ctx, `CREATE TABLE `+handDedup+` (
-  consumer_group VARCHAR(255) NOT NULL,
-  event_id VARCHAR(64) NOT NULL,
-  created_at DATETIME(6) NOT NULL,
-  PRIMARY KEY (consumer_group, event_id)
-) ENGINE=InnoDB`); err != nil {
-		return fail(fmt.Errorf("create table %s: %w", handDedup, err))
+	if err := e.handDedupTable(ctx, handDedup); err != nil {
+		return fail(err)
 	}
 	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
 		return fail(fmt.Errorf("consumer migrate: %w", err))
@@ -139,8 +134,8 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	_ = p.Shutdown()
 	e.Log("  preloaded %d messages into 2 topics in %s", n, time.Since(t0).Round(time.Millisecond))
 
-	rawInsert, txInsert, dedupInsert := insertOrderSQL(rawTable), insertOrderSQL(txTable), insertOrderSQL(dedupTable)
-	dedupRow := "INSERT IGNORE INTO " + handDedup + " (consumer_group, event_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
+	rawInsert, txInsert, dedupInsert := e.insertOrderSQL(rawTable), e.insertOrderSQL(txTable), e.insertOrderSQL(dedupTable)
+	dedupRow := e.handDedupInsertSQL(handDedup)
 	startNoop := func(group string) func() (*drain, error) {
 		return func() (*drain, error) {
 			var c atomic.Int64
@@ -181,7 +176,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	// startRawBatch is batching without rmqtx: one transaction per handed
 	// over batch, no dedup, so not exactly once. It bounds what any batch
 	// mode can gain with this handler.
-	rawBatchInsert := insertOrderSQL(rawBatchTable)
+	rawBatchInsert := e.insertOrderSQL(rawBatchTable)
 	startRawBatch := func(group string) func() (*drain, error) {
 		return func() (*drain, error) {
 			var c atomic.Int64
@@ -249,7 +244,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
 		}
 	}
-	batchInsert := insertOrderSQL(batchTable)
+	batchInsert := e.insertOrderSQL(batchTable)
 	// batchTxs counts the transactions the batch handler ran in (the
 	// transactions seen, kept for the round), to report the batches'
 	// real size.

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"runtime"
@@ -17,25 +18,115 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/admin"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/localenv"
 )
+
+// Database engines the bench runs on (RMQTX_BENCH_DB; scripts/bench.sh sets
+// it from make's DB=).
+const (
+	engineMySQL    = "mysql"
+	enginePostgres = "postgres"
+)
+
+// defaultPGDSN is the PostgreSQL server scripts/services.sh starts.
+const defaultPGDSN = "postgres://rmqtx:rmqtx@127.0.0.1:5433/rmqtx?sslmode=disable"
 
 // Services are the local services' connection settings (package localenv:
 // the same environment variables as the tests and scripts/services.sh env),
 // plus extra DSN parameters for every side.
 type Services struct {
 	localenv.Settings
-	// DSNParams are extra DSN parameters ("k=v&k2=v2").
+	// DSNParams are extra DSN parameters ("k=v&k2=v2"): go-sql-driver
+	// parameters on MySQL, run-time parameters (SET at connect) on
+	// PostgreSQL.
 	DSNParams string
+	// Engine is engineMySQL (MySQL or MariaDB) or enginePostgres.
+	Engine string
+	// PGDSN is the PostgreSQL server's DSN (RMQTX_PG_DSN).
+	PGDSN string
 }
 
-// LoadServices reads the settings from the environment.
-func LoadServices() Services { return Services{Settings: localenv.Load()} }
+// LoadServices reads the settings from the environment: RMQTX_BENCH_DB
+// (mariadb, the default, or postgres) picks the database.
+func LoadServices() Services {
+	s := Services{Settings: localenv.Load(), Engine: engineMySQL, PGDSN: getenv("RMQTX_PG_DSN", defaultPGDSN)}
+	switch strings.ToLower(os.Getenv("RMQTX_BENCH_DB")) {
+	case "postgres", "postgresql", "pg":
+		s.Engine = enginePostgres
+	}
+	return s
+}
+
+// CheckLoopback refuses a database, name server or broker address that is
+// not on loopback.
+func (s Services) CheckLoopback() error {
+	if err := s.Settings.CheckLoopback(); err != nil {
+		return err
+	}
+	if s.Engine != enginePostgres {
+		return nil
+	}
+	cfg, err := s.pgConfig("")
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(cfg.Host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("RMQTX_PG_DSN host %q is not a loopback address; the bench only talks to 127.0.0.1", cfg.Host)
+	}
+	return nil
+}
+
+// DBAddr is the database server's host:port (for its CPU meter).
+func (s Services) DBAddr() string {
+	if s.Engine == enginePostgres {
+		if cfg, err := s.pgConfig(""); err == nil {
+			return net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+		}
+	}
+	return s.MySQLAddr
+}
+
+// pgConfig is the PostgreSQL connection to database name ("" keeps the
+// DSN's), with DSNParams as run-time parameters.
+func (s Services) pgConfig(dbName string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(s.PGDSN)
+	if err != nil {
+		return nil, fmt.Errorf("RMQTX_PG_DSN cannot be parsed")
+	}
+	if dbName != "" {
+		cfg.Database = dbName
+	}
+	cfg.ConnectTimeout = 5 * time.Second
+	if q, err := url.ParseQuery(s.DSNParams); err == nil && s.DSNParams != "" {
+		if cfg.RuntimeParams == nil {
+			cfg.RuntimeParams = map[string]string{}
+		}
+		for k := range q {
+			cfg.RuntimeParams[k] = q.Get(k)
+		}
+	}
+	return cfg, nil
+}
+
+// Open opens database name ("" for the server's default database) on the
+// run's engine.
+func (s Services) Open(dbName string) (*sqlx.DB, error) {
+	if s.Engine != enginePostgres {
+		return sqlx.Open("mysql", s.DSN(dbName))
+	}
+	cfg, err := s.pgConfig(dbName)
+	if err != nil {
+		return nil, err
+	}
+	return sqlx.NewDb(stdlib.OpenDB(*cfg), "pgx"), nil
+}
 
 // DSN returns a go-sql-driver DSN for database name (may be empty), with
-// DSNParams applied.
+// DSNParams applied (MySQL only: workload roundtrips).
 func (s Services) DSN(dbName string) string {
 	dsn := s.Settings.DSN(dbName)
 	if s.DSNParams == "" {
@@ -113,7 +204,7 @@ func OpenEnv(ctx context.Context, s Services, opt Options, logf func(string, ...
 		return nil, err
 	}
 	names := NewNamer()
-	root, err := sqlx.Open("mysql", s.DSN(""))
+	root, err := s.Open("")
 	if err != nil {
 		return nil, err
 	}
@@ -121,14 +212,18 @@ func OpenEnv(ctx context.Context, s Services, opt Options, logf func(string, ...
 	defer cancel()
 	if err := root.PingContext(pctx); err != nil {
 		_ = root.Close()
-		return nil, fmt.Errorf("mysql at %s: %w (start the services with `bash scripts/services.sh up`)", s.MySQLAddr, err)
+		return nil, fmt.Errorf("%s at %s: %w (start the services with `bash scripts/services.sh up`)", s.Engine, s.DBAddr(), err)
 	}
 	dbName := "rmqtx_bench_" + names.Run()
-	if _, err := root.ExecContext(pctx, "CREATE DATABASE "+dbName+" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"); err != nil {
+	create := "CREATE DATABASE " + dbName
+	if s.Engine == engineMySQL {
+		create += " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+	}
+	if _, err := root.ExecContext(pctx, create); err != nil {
 		_ = root.Close()
 		return nil, fmt.Errorf("create database: %w", err)
 	}
-	db, err := sqlx.Open("mysql", s.DSN(dbName))
+	db, err := s.Open(dbName)
 	if err != nil {
 		_ = root.Close()
 		return nil, err
@@ -154,9 +249,13 @@ func (e *Env) Close(keep bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	drop := "DROP DATABASE IF EXISTS " + e.DBName
+	if e.pg() {
+		drop += " WITH (FORCE)" // a client the run left connected must not keep it
+	}
 	if keep {
 		e.Log("kept database %s", e.DBName)
-	} else if _, err := e.root.ExecContext(ctx, "DROP DATABASE IF EXISTS "+e.DBName); err != nil {
+	} else if _, err := e.root.ExecContext(ctx, drop); err != nil {
 		e.Log("drop database %s: %v", e.DBName, err)
 	}
 	_ = e.root.Close()
@@ -178,28 +277,114 @@ func (e *Env) CreateTopic(ctx context.Context, topic string, queues int) error {
 	return nil
 }
 
+// The raw sides' SQL is user code, written for each database as a service
+// would write it: on PostgreSQL its own types, now() as the clock, ON
+// CONFLICT for the hand-written dedup, $n placeholders (Rebind). The rmqtx
+// sides run the same rmqtx calls on both.
+
+// pg reports whether the run is on PostgreSQL.
+func (e *Env) pg() bool { return e.S.Engine == enginePostgres }
+
+// clock is the database's current time, in the raw sides' inserts.
+func (e *Env) clock() string {
+	if e.pg() {
+		return "now()"
+	}
+	return "UTC_TIMESTAMP(6)"
+}
+
+// rawSQL rebinds a raw side's statement for the run's database.
+func (e *Env) rawSQL(query string) string { return e.DB.Rebind(query) }
+
+// createTable runs a raw side's DDL for the run's database: one statement
+// on MySQL, the table and then its indexes on PostgreSQL.
+func (e *Env) createTable(ctx context.Context, name, mysqlDDL string, pgDDL ...string) error {
+	stmts := []string{mysqlDDL}
+	if e.pg() {
+		stmts = pgDDL
+	}
+	for _, q := range stmts {
+		if _, err := e.DB.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("create table %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // businessTable creates a business table like a service's orders table: the
 // same statement runs on the raw and the rmqtx side. event_id is indexed (the
 // raw listener's check looks it up) but not unique: the raw consumer has no
 // dedup, and a redelivery must not fail on a duplicate key.
 func (e *Env) businessTable(ctx context.Context, name string) error {
-	_, err := e.DB.ExecContext(ctx, `CREATE TABLE `+name+` (
+	return e.createTable(ctx, name, `CREATE TABLE `+name+` (
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   event_id VARCHAR(64) NOT NULL,
   amount BIGINT NOT NULL,
   payload MEDIUMBLOB NOT NULL,
   created_at DATETIME(6) NOT NULL,
   KEY idx_event (event_id)
-) ENGINE=InnoDB`)
-	if err != nil {
-		return fmt.Errorf("create table %s: %w", name, err)
-	}
-	return nil
+) ENGINE=InnoDB`, `CREATE TABLE `+name+` (
+  id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+  event_id VARCHAR(64) NOT NULL,
+  amount BIGINT NOT NULL,
+  payload BYTEA NOT NULL,
+  created_at TIMESTAMPTZ(6) NOT NULL
+)`, `CREATE INDEX `+name+`_event ON `+name+` (event_id)`)
 }
 
 // insertOrderSQL is the business insert both sides run.
-func insertOrderSQL(table string) string {
-	return "INSERT INTO " + table + " (event_id, amount, payload, created_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6))"
+func (e *Env) insertOrderSQL(table string) string {
+	return e.rawSQL("INSERT INTO " + table + " (event_id, amount, payload, created_at) VALUES (?, ?, ?, " + e.clock() + ")")
+}
+
+// handLogTable creates the raw side's hand-written transaction log.
+func (e *Env) handLogTable(ctx context.Context, name string) error {
+	return e.createTable(ctx, name, `CREATE TABLE `+name+` (
+  event_id VARCHAR(64) NOT NULL PRIMARY KEY, topic VARCHAR(255) NOT NULL, state VARCHAR(16) NOT NULL,
+  payload MEDIUMBLOB NULL, created_at DATETIME(6) NOT NULL) ENGINE=InnoDB`, `CREATE TABLE `+name+` (
+  event_id VARCHAR(64) NOT NULL PRIMARY KEY, topic VARCHAR(255) NOT NULL, state VARCHAR(16) NOT NULL,
+  payload BYTEA NULL, created_at TIMESTAMPTZ(6) NOT NULL)`)
+}
+
+// handLogInsertSQL writes a COMMITTED row of the hand-written log (event id,
+// topic, payload).
+func (e *Env) handLogInsertSQL(table string) string {
+	return e.rawSQL("INSERT INTO " + table + " (event_id, topic, state, payload, created_at) VALUES (?, ?, 'COMMITTED', ?, " + e.clock() + ")")
+}
+
+// handDedupTable creates the raw consumer's hand-written dedup table.
+func (e *Env) handDedupTable(ctx context.Context, name string) error {
+	return e.createTable(ctx, name, `CREATE TABLE `+name+` (
+  consumer_group VARCHAR(255) NOT NULL,
+  event_id VARCHAR(64) NOT NULL,
+  created_at DATETIME(6) NOT NULL,
+  PRIMARY KEY (consumer_group, event_id)
+) ENGINE=InnoDB`, `CREATE TABLE `+name+` (
+  consumer_group VARCHAR(255) NOT NULL,
+  event_id VARCHAR(64) NOT NULL,
+  created_at TIMESTAMPTZ(6) NOT NULL,
+  PRIMARY KEY (consumer_group, event_id)
+)`)
+}
+
+// handDedupInsertSQL inserts the dedup row (group, event id) unless it is
+// there: 1 row affected for a first delivery, 0 for a duplicate.
+func (e *Env) handDedupInsertSQL(table string) string {
+	if e.pg() {
+		return e.rawSQL("INSERT INTO " + table + " (consumer_group, event_id, created_at) VALUES (?, ?, now()) ON CONFLICT DO NOTHING")
+	}
+	return "INSERT IGNORE INTO " + table + " (consumer_group, event_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
+}
+
+// dropTxlogIndexes drops the txlog's two secondary indexes (the
+// -txlog-no-index experiment).
+func (e *Env) dropTxlogIndexes(ctx context.Context, t string) error {
+	q := "ALTER TABLE " + t + " DROP INDEX " + t + "_state_resolved, DROP INDEX " + t + "_group_created"
+	if e.pg() {
+		q = "DROP INDEX " + t + "_state_resolved, " + t + "_group_created"
+	}
+	_, err := e.DB.ExecContext(ctx, q)
+	return err
 }
 
 // countRows counts a table's rows.
@@ -276,11 +461,22 @@ func ReadMachine(ctx context.Context, db *sqlx.DB, brokerVersion string) Machine
 		_ = f.Close()
 	}
 	var v string
-	if err := db.GetContext(ctx, &v, "SELECT VERSION()"); err == nil {
-		m.DBVersion = v
-	}
-	if err := db.GetContext(ctx, &v, "SELECT @@innodb_flush_log_at_trx_commit"); err == nil {
-		m.DBFlush = v
+	if db.DriverName() == "pgx" {
+		if err := db.GetContext(ctx, &v, "SELECT 'PostgreSQL ' || current_setting('server_version')"); err == nil {
+			m.DBVersion = v
+		}
+		// PostgreSQL's durability settings, in the field MySQL's flush
+		// setting fills (the test bed: fsync=off, synchronous_commit=on).
+		if err := db.GetContext(ctx, &v, "SELECT 'fsync=' || current_setting('fsync') || ' synchronous_commit=' || current_setting('synchronous_commit')"); err == nil {
+			m.DBFlush = v
+		}
+	} else {
+		if err := db.GetContext(ctx, &v, "SELECT VERSION()"); err == nil {
+			m.DBVersion = v
+		}
+		if err := db.GetContext(ctx, &v, "SELECT @@innodb_flush_log_at_trx_commit"); err == nil {
+			m.DBFlush = v
+		}
 	}
 	m.LoadStart = LoadAvg()
 	if m.BrokerVersion == "" {

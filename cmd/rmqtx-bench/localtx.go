@@ -27,9 +27,7 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 		}
 	}
 	handLog := e.Names.Name("handlog_l")
-	if _, err := e.DB.ExecContext(ctx, `CREATE TABLE `+handLog+` (
-  event_id VARCHAR(64) NOT NULL PRIMARY KEY, topic VARCHAR(255) NOT NULL, state VARCHAR(16) NOT NULL,
-  payload MEDIUMBLOB NULL, created_at DATETIME(6) NOT NULL) ENGINE=InnoDB`); err != nil {
+	if err := e.handLogTable(ctx, handLog); err != nil {
 		return fail(err)
 	}
 	store, err := newTxlog(ctx, e)
@@ -40,7 +38,7 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 	payloadSize, noPayload := o.Payload, o.NoPayload
 
 	raw := &loopSide{side: &Side{Name: "raw local tx (no broker)", Unit: "tx/s", Description: "BEGIN; business INSERT; COMMIT"}, table: rawTable}
-	rawInsert := insertOrderSQL(rawTable)
+	rawInsert := e.insertOrderSQL(rawTable)
 	raw.op = raw.counted(func(ctx context.Context, _ int, seq int64) error {
 		payload := makePayload(payloadSize, seq)
 		tx, err := e.DB.BeginTxx(ctx, nil)
@@ -55,8 +53,8 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 	})
 
 	hand := &loopSide{side: &Side{Name: "raw + hand-written log (no broker)", Unit: "tx/s", Description: "BEGIN; INSERT into a hand-written log (id, topic, state, payload); business INSERT; COMMIT"}, table: logTable}
-	logInsert := "INSERT INTO " + handLog + " (event_id, topic, state, payload, created_at) VALUES (?, ?, 'COMMITTED', ?, UTC_TIMESTAMP(6))"
-	handInsert := insertOrderSQL(logTable)
+	logInsert := e.handLogInsertSQL(handLog)
+	handInsert := e.insertOrderSQL(logTable)
 	hand.op = hand.counted(func(ctx context.Context, _ int, seq int64) error {
 		id := wire.NewEventID()
 		payload := makePayload(payloadSize, seq)
@@ -76,7 +74,7 @@ func runLocalTx(ctx context.Context, e *Env) *Workload {
 	})
 
 	tx := &loopSide{side: &Side{Name: "rmqtx local tx (no broker)", Unit: "tx/s", Description: "BEGIN; txlog.Store.Insert (the row txproducer writes, payload stored); business INSERT; COMMIT"}, table: txTable}
-	txInsert := insertOrderSQL(txTable)
+	txInsert := e.insertOrderSQL(txTable)
 	tx.op = tx.counted(func(ctx context.Context, _ int, seq int64) error {
 		id := wire.NewEventID()
 		payload := makePayload(payloadSize, seq)

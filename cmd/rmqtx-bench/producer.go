@@ -198,8 +198,8 @@ func rawTxSide(ctx context.Context, e *Env) (*loopSide, error) {
 	}
 	l := &rawTxListener{
 		db:     e.DB,
-		insert: insertOrderSQL(table),
-		check:  "SELECT COUNT(*) FROM " + table + " WHERE event_id = ?",
+		insert: e.insertOrderSQL(table),
+		check:  e.rawSQL("SELECT COUNT(*) FROM " + table + " WHERE event_id = ?"),
 		timeout: func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 10*time.Second)
 		},
@@ -249,20 +249,14 @@ func rawTxLogSide(ctx context.Context, e *Env) (*loopSide, error) {
 	if err := e.businessTable(ctx, table); err != nil {
 		return nil, err
 	}
-	if _, err := e.DB.ExecContext(ctx, `CREATE TABLE `+logTable+` (
-  event_id VARCHAR(64) NOT NULL PRIMARY KEY,
-  topic VARCHAR(255) NOT NULL,
-  state VARCHAR(16) NOT NULL,
-  payload MEDIUMBLOB NULL,
-  created_at DATETIME(6) NOT NULL
-) ENGINE=InnoDB`); err != nil {
-		return nil, fmt.Errorf("create table %s: %w", logTable, err)
+	if err := e.handLogTable(ctx, logTable); err != nil {
+		return nil, err
 	}
 	l := &rawTxListener{
 		db:        e.DB,
-		insert:    insertOrderSQL(table),
-		logInsert: "INSERT INTO " + logTable + " (event_id, topic, state, payload, created_at) VALUES (?, ?, 'COMMITTED', ?, UTC_TIMESTAMP(6))",
-		check:     "SELECT COUNT(*) FROM " + logTable + " WHERE event_id = ? AND state = 'COMMITTED'",
+		insert:    e.insertOrderSQL(table),
+		logInsert: e.handLogInsertSQL(logTable),
+		check:     e.rawSQL("SELECT COUNT(*) FROM " + logTable + " WHERE event_id = ? AND state = 'COMMITTED'"),
 		timeout: func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 10*time.Second)
 		},
@@ -330,8 +324,7 @@ func newTxlog(ctx context.Context, e *Env) (*txlog.Store, error) {
 		return nil, fmt.Errorf("txlog migrate: %w", err)
 	}
 	if e.Opt.NoTxlogIdx {
-		t := store.Table()
-		if _, err := e.DB.ExecContext(ctx, "ALTER TABLE "+t+" DROP INDEX "+t+"_state_resolved, DROP INDEX "+t+"_group_created"); err != nil {
+		if err := e.dropTxlogIndexes(ctx, store.Table()); err != nil {
 			return nil, fmt.Errorf("txlog drop indexes: %w", err)
 		}
 	}
@@ -397,7 +390,7 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 		},
 		table: table,
 	}
-	insert := insertOrderSQL(table)
+	insert := e.insertOrderSQL(table)
 	payloadSize := e.Opt.Payload
 	var orders atomic.Int64 // RunLoop's seq restarts every round; keys must not
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {

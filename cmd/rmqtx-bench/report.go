@@ -293,7 +293,11 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "rmqtx-bench %s  (%.0fs)\n", r.StartedAt.UTC().Format(time.RFC3339), r.Seconds)
 	fmt.Fprintf(w, "machine: %d cores (GOMAXPROCS %d), %.1f GiB, %s, %s, %s\n",
 		m.Cores, m.GOMAXPROCS, float64(m.MemoryBytes)/(1<<30), m.CPUModel, m.GoVersion, m.OSArch)
-	fmt.Fprintf(w, "services: RocketMQ %s, %s (innodb_flush_log_at_trx_commit=%s)\n", m.BrokerVersion, m.DBVersion, m.DBFlush)
+	flush := "innodb_flush_log_at_trx_commit=" + m.DBFlush
+	if strings.HasPrefix(m.DBVersion, "PostgreSQL") {
+		flush = m.DBFlush // PostgreSQL's settings, named (env.go ReadMachine)
+	}
+	fmt.Fprintf(w, "services: RocketMQ %s, %s (%s)\n", m.BrokerVersion, m.DBVersion, flush)
 	fmt.Fprintf(w, "client: %s\n", m.Client)
 	if m.LoadStart != "" {
 		fmt.Fprintf(w, "load average: %s at the start, %s at the end\n", m.LoadStart, m.LoadEnd)

@@ -557,11 +557,15 @@ func (a *app) progress(ctx context.Context, d *Driver) (stop func()) {
 }
 
 // waitQuiescent polls until every derived result has caught up with the
-// payments: points, notifications, SMS, projection, empty outboxes and the
-// redelivered duplicates absorbed. It returns false on cfg.Timeout.
+// payments: points, notifications, SMS, projection, empty outboxes, the
+// redelivered duplicates absorbed, and nothing left for `rmqtx stuck` to
+// list (a failed attempt whose retry is still on its way, say of an order
+// event that turned stale while it waited, leaves its attempt row until
+// the retry). It returns false on cfg.Timeout.
 func (a *app) waitQuiescent(ctx context.Context, d *Driver) bool {
 	deadline := time.Now().Add(a.cfg.Timeout)
 	redelivered := int64(d.Stats().Redelivered)
+	tables := ReconcileTables(a.names.Groups())
 	for {
 		c, err := a.counts(ctx)
 		if err == nil &&
@@ -569,8 +573,11 @@ func (a *app) waitQuiescent(ctx context.Context, d *Driver) bool {
 			c.ProjectionMatch == c.Orders && c.OutboxOpen == 0 &&
 			a.points.Processor().Stats().Duplicates >= redelivered &&
 			a.notifier.Processor().Stats().Duplicates >= redelivered {
-			a.log.Info("quiescent: every derived result has caught up")
-			return true
+			stuck, err := stuckRows(ctx, a.cfg.DB, tables)
+			if err == nil && len(stuck) == 0 {
+				a.log.Info("quiescent: every derived result has caught up")
+				return true
+			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			a.log.Warnf("not quiescent after %s; reconciling what is there", a.cfg.Timeout)

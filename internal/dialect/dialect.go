@@ -159,6 +159,34 @@ type Dialect interface {
 	// wire.Hash computes in Go, for comparing a stored payload with its
 	// stored hash inside a query. PostgreSQL: encode(sha256(expr), 'hex').
 	SHA256Hex(expr string) string
+
+	// InsertNew is an INSERT of one row (columns and values as for
+	// InsertIgnore) into a caller's transaction that reports a row with the
+	// same key (the unique key conflict) without ending that transaction:
+	// the caller may go on and commit its other work. Run it with
+	// ExecInsertNew. Unlike InsertIgnore it refuses bad data as a plain
+	// INSERT does (MySQL's IGNORE also turns data errors into warnings).
+	// MySQL: a plain INSERT, whose duplicate-key error ends the statement
+	// only. PostgreSQL, where any error aborts the whole transaction:
+	//	INSERT INTO table (columns) VALUES (values) ON CONFLICT (conflict) DO NOTHING
+	InsertNew(table, columns, values, conflict string) string
+	// ExecInsertNew runs query, an InsertNew statement, on e and reports
+	// whether it inserted the row (false: the key exists). Any other error
+	// is returned as it is.
+	ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (inserted bool, err error)
+
+	// LatestCommitted runs write, statements on db that must act on the
+	// latest committed version of a row another transaction commits while
+	// they wait on its lock (an insert that skips an existing key, an
+	// update guarded by its WHERE clause), whatever isolation level the
+	// session defaults to. MySQL runs write on db as it is: InnoDB's writes
+	// read the latest committed version at every level. PostgreSQL runs it
+	// in a READ COMMITTED transaction of its own (BEGIN carries the level,
+	// COMMIT follows): at REPEATABLE READ or SERIALIZABLE such a statement
+	// fails with a serialization failure (40001) instead of seeing the row.
+	// The transaction costs a round trip or two, so owners keep it for the
+	// rare writes that decide (fences), off their hot paths.
+	LatestCommitted(ctx context.Context, db *sqlx.DB, write func(ctx context.Context, e sqlx.ExtContext) error) error
 }
 
 // ReturningExecer runs an UpsertReturning statement for ExecReturning: as a

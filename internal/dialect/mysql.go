@@ -187,3 +187,26 @@ func (mysqlDialect) IdleTransactionLimit(limit time.Duration) (string, string) {
 func (mysqlDialect) SHA256Hex(expr string) string {
 	return "CONVERT(SHA2(" + expr + ", 256) USING ascii)"
 }
+
+// InsertNew is a plain INSERT: on MySQL a duplicate-key error rolls back
+// the statement, not the transaction.
+func (mysqlDialect) InsertNew(table, columns, values, conflict string) string {
+	return "INSERT INTO " + table + " (" + columns + ") VALUES " + wrapValues(values)
+}
+
+// ExecInsertNew reads the duplicate-key error as "not inserted".
+func (d mysqlDialect) ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (bool, error) {
+	if _, err := e.ExecContext(ctx, query, args...); err != nil {
+		if d.IsDuplicateKey(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// LatestCommitted runs write on db: InnoDB's locking reads and writes see
+// the latest committed version at every isolation level.
+func (mysqlDialect) LatestCommitted(ctx context.Context, db *sqlx.DB, write func(ctx context.Context, e sqlx.ExtContext) error) error {
+	return write(ctx, db)
+}

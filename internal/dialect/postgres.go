@@ -301,3 +301,39 @@ func (pgDialect) IdleTransactionLimit(limit time.Duration) (string, string) {
 func (pgDialect) SHA256Hex(expr string) string {
 	return "encode(sha256(" + expr + "), 'hex')"
 }
+
+// InsertNew skips a conflicting row instead of failing: on PostgreSQL a
+// failed statement aborts the caller's whole transaction.
+func (d pgDialect) InsertNew(table, columns, values, conflict string) string {
+	return d.InsertIgnore(table, columns, values, conflict)
+}
+
+// ExecInsertNew reads zero affected rows as "not inserted".
+func (pgDialect) ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (bool, error) {
+	res, err := e.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+// LatestCommitted runs write in a READ COMMITTED transaction: at
+// REPEATABLE READ or SERIALIZABLE, an INSERT ... ON CONFLICT or an UPDATE
+// that meets a row committed after the transaction's snapshot (by the
+// transaction it waited for) fails with 40001; at READ COMMITTED it acts on
+// that row.
+func (pgDialect) LatestCommitted(ctx context.Context, db *sqlx.DB, write func(ctx context.Context, e sqlx.ExtContext) error) error {
+	tx, err := BeginReadCommitted(ctx, db)
+	if err != nil {
+		return err
+	}
+	if err := write(ctx, tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}

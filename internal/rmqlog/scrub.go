@@ -50,9 +50,10 @@ const Redacted = "<redacted>"
 // Limits of the walk over one value: deeper or larger values are replaced
 // by their type.
 const (
-	maxDepth = 10
-	maxNodes = 20000
-	maxElems = 64 // elements of a slice, array or map rendered
+	maxDepth     = 10 // rendered
+	maxWalkDepth = 64 // walked for payloads
+	maxNodes     = 20000
+	maxElems     = 64 // elements of a slice, array or map rendered
 	// minSecret is the shortest payload (body or property value) that is
 	// also searched for in text; a shorter one would cut ordinary words.
 	minSecret = 4
@@ -62,13 +63,15 @@ const (
 // and property values removed. fields is not modified.
 func Scrub(msg string, fields map[string]interface{}) (string, logrus.Fields) {
 	s := &scrubber{secrets: map[string]bool{}}
-	dirty := make(map[string]bool, len(fields))
+	type found struct{ dirty, complete bool }
+	walked := make(map[string]found, len(fields))
 	for k, v := range fields {
-		dirty[k] = s.collect(v)
+		dirty, complete := s.collect(v)
+		walked[k] = found{dirty, complete}
 	}
 	out := make(logrus.Fields, len(fields))
 	for k, v := range fields {
-		out[k] = s.scrub(v, dirty[k])
+		out[k] = s.scrubWalked(v, walked[k].dirty, walked[k].complete)
 	}
 	return s.text(msg), out
 }
@@ -78,10 +81,19 @@ func Scrub(msg string, fields map[string]interface{}) (string, logrus.Fields) {
 // with only system values, text its ScrubText, errors and Stringers their
 // text without the payloads they hold, and any other value that holds a
 // payload anywhere inside it a rendering of its structure without them.
-// A value that holds none is returned as it is.
+// A value that holds none is returned as it is; one too deep or too large
+// to walk whole, only its type.
 func ScrubValue(v interface{}) interface{} {
 	s := &scrubber{secrets: map[string]bool{}}
-	return s.scrub(v, s.collect(v))
+	dirty, complete := s.collect(v)
+	return s.scrubWalked(v, dirty, complete)
+}
+
+func (s *scrubber) scrubWalked(v interface{}, dirty, complete bool) interface{} {
+	if !complete {
+		return fmt.Sprintf("<%T redacted: too large to scrub>", v)
+	}
+	return s.scrub(v, dirty)
 }
 
 var (
@@ -98,25 +110,37 @@ var (
 type scrubber struct {
 	secrets map[string]bool
 	sorted  []string // secrets, longest first; nil until text needs them
-	nodes   int
 }
 
 // collect walks v, records the payloads it holds as secrets, and reports
-// whether it holds any (or text that ScrubText changes, or is too large to
-// walk): such a value is not forwarded as it is.
-func (s *scrubber) collect(v interface{}) bool {
-	s.nodes = 0
-	return s.walk(reflect.ValueOf(v), 0, map[uintptr]bool{})
+// whether it holds any (or text that ScrubText changes): such a value is
+// not forwarded as it is. complete is false when v was too deep or too
+// large to walk whole: its payloads are not all known, so neither is any
+// of its text safe.
+func (s *scrubber) collect(v interface{}) (dirty, complete bool) {
+	w := &walker{s: s, seen: map[uintptr]bool{}}
+	dirty = w.walk(reflect.ValueOf(v), 0)
+	return dirty || w.incomplete, !w.incomplete
 }
 
-func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool {
+// walker is one walk over a value.
+type walker struct {
+	s          *scrubber
+	seen       map[uintptr]bool // pointers, maps and slices walked
+	nodes      int
+	incomplete bool
+}
+
+func (w *walker) walk(rv reflect.Value, depth int) bool {
 	if !rv.IsValid() {
 		return false
 	}
-	s.nodes++
-	if depth > maxDepth || s.nodes > maxNodes {
+	w.nodes++
+	if depth > maxWalkDepth || w.nodes > maxNodes {
+		w.incomplete = true
 		return true
 	}
+	s, seen := w.s, w.seen
 	t := rv.Type()
 	switch t {
 	case msgType:
@@ -127,7 +151,7 @@ func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool
 		s.addProperties(props)
 		return true
 	case msgExtType:
-		return s.walk(rv.Field(0), depth+1, seen)
+		return w.walk(rv.Field(0), depth+1)
 	}
 	if leafTypes[t] {
 		return false
@@ -144,9 +168,9 @@ func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool
 			return false
 		}
 		seen[rv.Pointer()] = true
-		return s.walk(rv.Elem(), depth+1, seen)
+		return w.walk(rv.Elem(), depth+1)
 	case reflect.Interface:
-		return s.walk(rv.Elem(), depth+1, seen)
+		return w.walk(rv.Elem(), depth+1)
 	case reflect.Slice, reflect.Array:
 		if t.Elem().Kind() == reflect.Uint8 {
 			s.addSecret(byteString(rv))
@@ -160,7 +184,7 @@ func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool
 		}
 		dirty := false
 		for i := 0; i < rv.Len(); i++ {
-			dirty = s.walk(rv.Index(i), depth+1, seen) || dirty
+			dirty = w.walk(rv.Index(i), depth+1) || dirty
 		}
 		return dirty
 	case reflect.Map:
@@ -178,14 +202,14 @@ func (s *scrubber) walk(rv reflect.Value, depth int, seen map[uintptr]bool) bool
 		dirty := false
 		it := rv.MapRange()
 		for it.Next() {
-			dirty = s.walk(it.Key(), depth+1, seen) || dirty
-			dirty = s.walk(it.Value(), depth+1, seen) || dirty
+			dirty = w.walk(it.Key(), depth+1) || dirty
+			dirty = w.walk(it.Value(), depth+1) || dirty
 		}
 		return dirty
 	case reflect.Struct:
 		dirty := false
 		for i := 0; i < rv.NumField(); i++ {
-			dirty = s.walk(rv.Field(i), depth+1, seen) || dirty
+			dirty = w.walk(rv.Field(i), depth+1) || dirty
 		}
 		return dirty
 	}
@@ -320,7 +344,7 @@ func (s *scrubber) render(rv reflect.Value, depth int, seen map[uintptr]bool) in
 	}
 	if rv.CanInterface() && t.Kind() != reflect.Interface {
 		v := rv.Interface()
-		if s.nodes = 0; !s.walk(rv, 0, map[uintptr]bool{}) {
+		if dirty, _ := s.collect(v); !dirty {
 			return s.scrub(v, false)
 		}
 		// An error or a Stringer keeps its text, without the payloads.
@@ -564,74 +588,134 @@ func messageExtSummary(rv reflect.Value) string {
 }
 
 var (
-	// Message.String(): "[topic=T, body=B, Flag=F, properties=P, TransactionId=X]":
-	// from the body to the last ", TransactionId=", over the properties:
-	// a body or a property value may itself hold ", Flag=" or
-	// ", TransactionId=", and the last one comes after them all.
-	reStringBody  = regexp.MustCompile(`(?s)\bbody=.*, TransactionId=`)
-	reStringProps = regexp.MustCompile(`(?s)\bproperties=.*, TransactionId=`)
 	// A byte slice or array in Go syntax (%#v): []byte{0x34, 0x31}, []uint8{...}, [16]uint8{...}.
-	reGoBytes = regexp.MustCompile(`(\[\d*\](?:byte|uint8)\{)[^}]*\}`)
+	reGoBytes = regexp.MustCompile(`\[\d*\](?:byte|uint8)\{`)
 	// A byte slice or array printed by fmt (%v, %d), labelled or not: [52 49 49].
 	reByteList = regexp.MustCompile(`\[(?:\d{1,3} )+\d{1,3}\]`)
-	// A JSON string: "Body":"NDEx..." (base64 of []byte, or a string).
-	reJSONBody = regexp.MustCompile(`(?i)("body"\s*:\s*)"(?:[^"\\]|\\.)*"`)
-	// Any other body or properties label: everything after it is cut.
-	reRestLabel = regexp.MustCompile(`(?i)\b(body|properties)"?\s*[:=]\s*`)
-	// What the rules above leave after a label.
-	reRedactedStart = regexp.MustCompile(`^(?:"|\[|map\[|\[\d*\](?:byte|uint8)\{)?` + regexp.QuoteMeta(Redacted))
+	// A JSON string under a body key: "Body":"NDEx..." (base64 of []byte, or a string).
+	reJSONBody = regexp.MustCompile(`(?i)"body"\s*:\s*"`)
+	// A body or properties label: Message.String()'s "body=" and
+	// "properties=", fmt's "Body:", JSON's "Body":.
+	reLabel = regexp.MustCompile(`(?i)\b(?:body|properties)"?\s*([:=])\s*`)
 )
 
 // ScrubText removes message bodies, property values and anything else fmt
-// renders from a byte slice or a map from text: the String() of a message
-// (body and properties), a byte slice as fmt prints it ([52 49 ...], and
-// []byte{0x34, ...}), the whole content of a map as fmt prints it
-// (map[...], map[string]string{...}: every one of its values may be a
-// property or a header), a JSON body, and after any other "body=", "Body:"
-// or "properties=" label, the rest of the text (the end of a body cannot be
-// known, so nothing after it is kept).
+// renders from a byte slice or a map from text:
+//
+//   - a map as fmt prints it (map[...], map[string]string{...}), whole:
+//     every value may be a property or a header. Its end is taken as the
+//     last "]" or "}" of the text, since keys and values may hold brackets;
+//   - a byte slice as fmt prints it ([52 49 ...], []byte{0x34, ...});
+//   - a message's String(): from "body=" (or "properties=") to the last
+//     ", TransactionId=" of the text, which follows every body and property
+//     value, however they end;
+//   - a JSON string under a "body" key;
+//   - after any other body or properties label ("Body:", "body=" with no
+//     TransactionId after it), the rest of the text: the end of a body
+//     cannot be known.
+//
+// Each rule finds its spans in the text as given, and the union of the
+// spans is cut: a span that one rule finds can never hide where another
+// one starts (text may hold what looks like the start or the end of any of
+// them, inside a body or a topic).
 func ScrubText(s string) string {
 	lower := strings.ToLower(s)
 	if !strings.Contains(lower, "body") && !strings.Contains(lower, "properties") &&
 		!strings.Contains(s, "map[") && !strings.Contains(s, "uint8{") && !strings.Contains(s, "byte{") && !reByteList.MatchString(s) {
 		return s
 	}
-	// Maps first: their span is the widest (to the last bracket), so no
-	// other rule's span can start inside a map and end before its content
-	// does, leaving the rest of it behind.
-	s = scrubMaps(s)
-	s = reStringBody.ReplaceAllString(s, "body="+Redacted+", TransactionId=")
-	s = reStringProps.ReplaceAllString(s, "properties="+Redacted+", TransactionId=")
-	s = reGoBytes.ReplaceAllString(s, "${1}"+Redacted+"}")
-	s = reByteList.ReplaceAllString(s, "["+Redacted+"]")
-	s = reJSONBody.ReplaceAllString(s, `${1}"`+Redacted+`"`)
-	for _, loc := range reRestLabel.FindAllStringIndex(s, -1) {
-		if reRedactedStart.MatchString(s[loc[1]:]) {
-			continue
+	var spans [][2]int          // content to cut: [from, to)
+	construct := map[int]bool{} // where a structure the rules cut begins
+	cut := func(at, from, to int) {
+		construct[at] = true
+		if from < to {
+			spans = append(spans, [2]int{from, to})
 		}
-		return s[:loc[1]] + Redacted
 	}
-	return s
-}
-
-// scrubMaps replaces the content of every map fmt printed in s with
-// Redacted: from the first "map[" to the last "]" or "}" of s, whichever
-// comes later. Not to the map's own closing bracket: keys and values may
-// hold brackets, and a map in Go syntax (map[string]string{...}) closes
-// with a brace, so a later map's or struct's bracket is the only bound
-// that surely covers them all. When neither follows, the rest of s.
-func scrubMaps(s string) string {
+	lastClose := max(strings.LastIndex(s, "]"), strings.LastIndex(s, "}"))
+	mapsFrom := -1 // the maps' span, to lastClose
 	for from := 0; ; {
 		i := strings.Index(s[from:], "map[")
 		if i < 0 {
-			return s
+			break
 		}
-		open := from + i + len("map[")
-		end := max(strings.LastIndex(s[open:], "]"), strings.LastIndex(s[open:], "}"))
-		if end < 0 {
-			return s[:open] + Redacted
+		i += from
+		open, end := i+len("map["), lastClose
+		if end < open {
+			end = len(s)
 		}
-		s = s[:open] + Redacted + s[open+end:]
-		from = open + len(Redacted)
+		cut(i, open, end)
+		if mapsFrom < 0 {
+			mapsFrom = open
+		}
+		from = open
 	}
+	for _, m := range reGoBytes.FindAllStringIndex(s, -1) {
+		end := len(s)
+		if k := strings.IndexByte(s[m[1]:], '}'); k >= 0 {
+			end = m[1] + k
+		}
+		cut(m[0], m[1], end)
+	}
+	for _, m := range reByteList.FindAllStringIndex(s, -1) {
+		cut(m[0], m[0]+1, m[1]-1)
+	}
+	for _, m := range reJSONBody.FindAllStringIndex(s, -1) {
+		cut(m[1]-1, m[1], jsonStringEnd(s, m[1]))
+	}
+	lastTx := strings.LastIndex(s, ", TransactionId=")
+	for _, m := range reLabel.FindAllStringSubmatchIndex(s, -1) {
+		at := m[1]
+		switch {
+		case mapsFrom >= 0 && at > mapsFrom && at <= lastClose:
+			// A key of a map, whose content is cut whole.
+		case s[m[2]] == '=' && lastTx >= at:
+			// Message.String(): the body, the flag and the properties.
+			spans = append(spans, [2]int{at, lastTx})
+		case s[m[2]] == ':' && construct[at]:
+			// fmt's or JSON's label of a structure cut above.
+		default:
+			spans = append(spans, [2]int{at, len(s)})
+		}
+	}
+	return cutSpans(s, spans)
+}
+
+// jsonStringEnd is the index of the quote that ends the JSON string whose
+// content starts at from (len(s) when it does not end).
+func jsonStringEnd(s string, from int) int {
+	for i := from; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(s)
+}
+
+// cutSpans replaces the union of spans in s with Redacted, one per run of
+// overlapping or touching spans.
+func cutSpans(s string, spans [][2]int) string {
+	if len(spans) == 0 {
+		return s
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i][0] < spans[j][0] })
+	var b strings.Builder
+	at := 0
+	for i := 0; i < len(spans); {
+		from, to := spans[i][0], spans[i][1]
+		for i++; i < len(spans) && spans[i][0] <= to; i++ {
+			to = max(to, spans[i][1])
+		}
+		if from < at {
+			from = at
+		}
+		b.WriteString(s[at:from])
+		b.WriteString(Redacted)
+		at = to
+	}
+	b.WriteString(s[at:])
+	return b.String()
 }

@@ -120,7 +120,8 @@ func (c *checkAnswers) wait(ctx context.Context, cond func([]checkback.Answer) b
 // whose pool's sessions default to READ UNCOMMITTED (its local transactions
 // and its checks both run on them) holds a local transaction open after its
 // COMMITTED txlog row is inserted, until the broker has checked the half
-// message past the fence age. No check answers COMMIT, although the
+// message while it was young and again past the fence age (so both of the
+// check's rules ran). No check answers COMMIT, although the
 // sessions can read the uncommitted row. The local transaction then fails:
 // Send reports the rollback, and an independent consumer sees no copy of the
 // event by the time a marker sent after it arrives.
@@ -139,7 +140,9 @@ func TestBrokerCheckReadsCommittedOnly(t *testing.T) {
 	testenv.CreateTopic(t, topic, 1)
 	coll := testenv.Collect(t, topic)
 
-	const fenceAge = 4 * time.Second // the test broker: timeout 3 s, interval 2 s, max 5
+	// The test broker checks a half first at 3 to 5 s (timeout 3 s, interval
+	// 2 s): that check finds it young, a later one past the fence age.
+	const fenceAge = 6 * time.Second
 	id := "ru-" + testenv.RandSuffix(8)
 	checks := &checkAnswers{id: id, changed: make(chan struct{})}
 	p, err := txproducer.New(txproducer.Config{
@@ -172,20 +175,21 @@ func TestBrokerCheckReadsCommittedOnly(t *testing.T) {
 		if err := ru.GetContext(ctx, &dirty, "SELECT COUNT(*) FROM "+store.Table()+" WHERE event_id = ?", id); err != nil {
 			return err
 		}
-		// Hold the transaction open until the broker checked the half past
-		// the fence age (the check then waits on the row lock, bounded).
+		// Hold the transaction open until the broker checked the half
+		// young and past the fence age (that check waits on the row lock,
+		// bounded by CheckTimeout).
 		return errors.Join(declined, checks.wait(ctx, func(as []checkback.Answer) bool {
+			young, old := false, false
 			for _, a := range as {
-				if a.Age >= fenceAge {
-					return true
-				}
+				young = young || a.Age < fenceAge
+				old = old || a.Age >= fenceAge
 			}
-			return false
+			return young && old
 		}))
 	})
 	require.ErrorIs(t, err, txproducer.ErrLocalTx)
 	require.ErrorIs(t, err, declined)
-	require.NotErrorIs(t, err, context.DeadlineExceeded, "the broker checked the half past the fence age within LocalTxTimeout")
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the broker checked the half young and past the fence age within LocalTxTimeout")
 	require.Equal(t, txproducer.StateRolledBack, res.State)
 	require.Equal(t, 1, dirty, "precondition: the producer's sessions read uncommitted rows")
 	during := checks.get()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/wire"
@@ -123,7 +124,10 @@ func TestAdoptionConfig(t *testing.T) {
 // before.
 func TestAdoptedProcess(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testAdoptedProcess)
+}
+
+func testAdoptedProcess(t *testing.T, db *sqlx.DB) {
 	ctx := context.Background()
 
 	// Without adoption: parked as malformed, the handler never runs.

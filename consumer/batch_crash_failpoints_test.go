@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/failpoint"
@@ -19,7 +20,10 @@ import (
 // each event's effect exists exactly once.
 func TestCrashAfterBatchCommit(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testCrashAfterBatchCommit)
+}
+
+func testCrashAfterBatchCommit(t *testing.T, db *sqlx.DB) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 1) // one queue: the first pull holds many messages
 	const n = 40
@@ -31,7 +35,7 @@ func TestCrashAfterBatchCommit(t *testing.T) {
 	}
 
 	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{
-		envHelperDB + "=" + testenv.DBName(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group, envHelperBatch + "=1",
+		envHelperDB + "=" + testenv.DBRef(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group, envHelperBatch + "=1",
 	}}.MustCrash(t)
 
 	// The child committed one batch (several events with their dedup rows)

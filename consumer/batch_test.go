@@ -43,7 +43,9 @@ func results(outs []Outcome) []Result {
 // SAVEPOINT and the handler per event, and COMMIT.
 func TestProcessBatchRoundTrips(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	// MariaDB only, as TestProcessRoundTrips: counted with the server's
+	// session counters. PostgreSQL runs the same statements.
+	db := setupDB(t, testenv.MySQLDB(t))
 	one, m := singleConn(t, db)
 	p := newProc(t, one, func(c *ProcessorConfig) {
 		c.Routes = map[string]Route{"Created": {Handler: preparedHandler(t, one)}}
@@ -89,7 +91,10 @@ func TestProcessBatchRoundTrips(t *testing.T) {
 // it once.
 func TestProcessBatchFailingEventRollsBackAlone(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessBatchFailingEventRollsBackAlone)
+}
+
+func testProcessBatchFailingEventRollsBackAlone(t *testing.T, db *sqlx.DB) {
 	ids := newIDs(8)
 	failOnce := map[string]error{
 		ids[2]: errors.New("connection reset by peer"), // unclassified: retried
@@ -157,7 +162,10 @@ func TestProcessBatchFailingEventRollsBackAlone(t *testing.T) {
 // (parked), and the same event twice in one batch (applied once).
 func TestProcessBatchDuplicatesAndConflicts(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessBatchDuplicatesAndConflicts)
+}
+
+func testProcessBatchDuplicatesAndConflicts(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) { c.DedupCacheSize = -1 })
 	ctx := context.Background()
 	old := newIDs(4)
@@ -193,7 +201,10 @@ func TestProcessBatchDuplicatesAndConflicts(t *testing.T) {
 // waits (a gap), and an older one is stale.
 func TestProcessBatchVersionOrder(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessBatchVersionOrder)
+}
+
+func testProcessBatchVersionOrder(t *testing.T, db *sqlx.DB) {
 	var mu sync.Mutex
 	failVersion := map[int64]bool{5: true}
 	p := newProc(t, db, func(c *ProcessorConfig) {
@@ -233,7 +244,7 @@ func TestProcessBatchVersionOrder(t *testing.T) {
 	require.Equal(t, []Result{ResultStale}, results(p.ProcessBatch(ctx, []Message{mk(2)}))[:1])
 
 	var versions []int64
-	require.NoError(t, db.Select(&versions, "SELECT version FROM effect WHERE agg_id = ? ORDER BY id", agg))
+	require.NoError(t, db.Select(&versions, db.Rebind("SELECT version FROM effect WHERE agg_id = ? ORDER BY id"), agg))
 	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, versions, "applied once each, in version order")
 }
 
@@ -243,7 +254,10 @@ func TestProcessBatchVersionOrder(t *testing.T) {
 // independent collector counts them).
 func TestBatchModeOnBroker(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testBatchModeOnBroker)
+}
+
+func testBatchModeOnBroker(t *testing.T, db *sqlx.DB) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 2)
 	col := testenv.Collect(t, topic)

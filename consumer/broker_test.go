@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/wire"
@@ -125,7 +126,10 @@ func (r *runCounter) get(id string) int {
 // and payload, two consumer instances of one group: exactly 500 effects.
 func TestDuplicateStorm(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDuplicateStorm)
+}
+
+func testDuplicateStorm(t *testing.T, db *sqlx.DB) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 4)
 	routes := map[string]Route{"Created": {Handler: effectHandler}}
@@ -194,7 +198,10 @@ func TestDuplicateStorm(t *testing.T) {
 // parked conflict that shows both hashes.
 func TestConflict(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testConflict)
+}
+
+func testConflict(t *testing.T, db *sqlx.DB) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 2)
 	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}},
@@ -236,8 +243,12 @@ func boxHandler(ctx context.Context, tx *sqlx.Tx, ev Event) error {
 	if err := effectHandler(ctx, tx, ev); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO box (agg_id, version) VALUES (?, ?) ON DUPLICATE KEY UPDATE version = ?",
-		ev.AggregateID, ev.AggregateVersion, ev.AggregateVersion)
+	d, err := dialect.ForDriver(tx.DriverName())
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, d.Rebind(d.Upsert("box", "agg_id, version", "?, ?", "agg_id", "version = "+d.Excluded("version"))),
+		ev.AggregateID, ev.AggregateVersion)
 	return err
 }
 
@@ -249,7 +260,10 @@ func createBox(t *testing.T, db *sqlx.DB) {
 // c. Out of order: each aggregate's versions are shuffled.
 func TestOutOfOrderMonotonic(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testOutOfOrderMonotonic)
+}
+
+func testOutOfOrderMonotonic(t *testing.T, db *sqlx.DB) {
 	createBox(t, db)
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 4)
@@ -293,7 +307,10 @@ func TestOutOfOrderMonotonic(t *testing.T) {
 
 func TestOutOfOrderStrict(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testOutOfOrderStrict)
+}
+
+func testOutOfOrderStrict(t *testing.T, db *sqlx.DB) {
 	createBox(t, db)
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 4)
@@ -329,7 +346,7 @@ func TestOutOfOrderStrict(t *testing.T) {
 	// Per aggregate, the effects happened in version order 1..versions.
 	for a := range aggs {
 		var got []int64
-		require.NoError(t, db.Select(&got, "SELECT version FROM effect WHERE agg_id = ? ORDER BY id", fmt.Sprintf("box-%d", a)))
+		require.NoError(t, db.Select(&got, db.Rebind("SELECT version FROM effect WHERE agg_id = ? ORDER BY id"), fmt.Sprintf("box-%d", a)))
 		require.Equal(t, []int64{1, 2, 3, 4, 5}, got)
 	}
 	require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt"), "waits cleared once applied")
@@ -364,78 +381,79 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 	for _, batch := range []int{1, 8} {
 		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
 			t.Parallel()
-			db := setupDB(t)
-			topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
-			testenv.CreateTopic(t, topic, 1) // one queue: the messages form batches
-			var runs runCounter
-			release := make(chan struct{})
-			var redelivery atomic.Int32
-			target := wire.NewEventID()
-			routes := map[string]Route{"Created": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
-				n := runs.add(ev.ID)
-				if ev.ID == target {
-					if n == 1 {
-						if err := effectHandler(ctx, tx, ev); err != nil { // rolled back with the tx
-							return err
+			eachDB(t, func(t *testing.T, db *sqlx.DB) {
+				topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
+				testenv.CreateTopic(t, topic, 1) // one queue: the messages form batches
+				var runs runCounter
+				release := make(chan struct{})
+				var redelivery atomic.Int32
+				target := wire.NewEventID()
+				routes := map[string]Route{"Created": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+					n := runs.add(ev.ID)
+					if ev.ID == target {
+						if n == 1 {
+							if err := effectHandler(ctx, tx, ev); err != nil { // rolled back with the tx
+								return err
+							}
+							return Transient(fmt.Errorf("partner timeout"))
 						}
-						return Transient(fmt.Errorf("partner timeout"))
+						redelivery.Store(int32(ev.Delivery.ReconsumeTimes))
+						select {
+						case <-release:
+						case <-ctx.Done():
+							return ctx.Err()
+						}
 					}
-					redelivery.Store(int32(ev.Delivery.ReconsumeTimes))
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return ctx.Err()
+					return effectHandler(ctx, tx, ev)
+				}}}
+				pb := newPublisher(t)
+				var ids []string
+				for i := range 10 {
+					id := wire.NewEventID()
+					if i == 3 {
+						id = target
 					}
+					ids = append(ids, id)
+					pb.send(topic, ev(id, "Created"), []byte(fmt.Sprintf("p%d", i)))
 				}
-				return effectHandler(ctx, tx, ev)
-			}}}
-			pb := newPublisher(t)
-			var ids []string
-			for i := range 10 {
-				id := wire.NewEventID()
-				if i == 3 {
-					id = target
-				}
-				ids = append(ids, id)
-				pb.send(topic, ev(id, "Created"), []byte(fmt.Sprintf("p%d", i)))
-			}
-			cr := &countingResender{}
-			c, err := New(Config{
-				ProcessorConfig: ProcessorConfig{Group: group, DB: db, Routes: routes, DelayLevel: func(Class, int) int { return 1 }},
-				NameServers:     []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
-			})
-			require.NoError(t, err)
-			c.wrapResend = func(r resender) resender { cr.next = r; return cr }
-			startBuilt(t, c)
+				cr := &countingResender{}
+				c, err := New(Config{
+					ProcessorConfig: ProcessorConfig{Group: group, DB: db, Routes: routes, DelayLevel: func(Class, int) int { return 1 }},
+					NameServers:     []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
+				})
+				require.NoError(t, err)
+				c.wrapResend = func(r resender) resender { cr.next = r; return cr }
+				startBuilt(t, c)
 
-			testenv.Eventually(t, 60*time.Second, "the failed attempt recorded", func() bool {
-				return countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt WHERE event_id = ?", target) == 1
-			})
-			require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE event_id = ?", target), "no dedup row left behind")
-			require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE event_id = ?", target), "no effect left behind")
-			close(release)
-			testenv.Eventually(t, 60*time.Second, "all ten applied and counted", func() bool {
-				return effects(t, db) == 10 && c.Processor().Stats().Applied >= 10
-			})
-			require.Equal(t, 2, runs.get(target), "redelivered once, then succeeded")
-			require.EqualValues(t, 1, redelivery.Load(), "the redelivery says it is the first retry")
-			for _, id := range ids {
-				if id != target {
-					require.Equal(t, 1, runs.get(id), "a sibling ran exactly once")
+				testenv.Eventually(t, 60*time.Second, "the failed attempt recorded", func() bool {
+					return countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt WHERE event_id = ?", target) == 1
+				})
+				require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE event_id = ?", target), "no dedup row left behind")
+				require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE event_id = ?", target), "no effect left behind")
+				close(release)
+				testenv.Eventually(t, 60*time.Second, "all ten applied and counted", func() bool {
+					return effects(t, db) == 10 && c.Processor().Stats().Applied >= 10
+				})
+				require.Equal(t, 2, runs.get(target), "redelivered once, then succeeded")
+				require.EqualValues(t, 1, redelivery.Load(), "the redelivery says it is the first retry")
+				for _, id := range ids {
+					if id != target {
+						require.Equal(t, 1, runs.get(id), "a sibling ran exactly once")
+					}
 				}
-			}
-			require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE event_id = ?", target))
-			require.Equal(t, 1, countRows(t, db, "SELECT retry_count FROM rmqtx_consume_log WHERE event_id = ?", target))
-			require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt"))
-			s := c.Processor().Stats()
-			require.EqualValues(t, 10, s.Applied)
-			require.EqualValues(t, 1, s.Retries)
-			if batch > 1 {
-				require.Equal(t, []string{target}, cr.sent(), "only the failed message went back, alone")
-			} else {
-				require.Empty(t, cr.sent())
-			}
-			t.Logf("COUNTS d (batch=%d): effects=%d applied=%d retries=%d dedup_hits=%d resent_by_rmqtx=%d", batch, effects(t, db), s.Applied, s.Retries, s.Duplicates, len(cr.sent()))
+				require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE event_id = ?", target))
+				require.Equal(t, 1, countRows(t, db, "SELECT retry_count FROM rmqtx_consume_log WHERE event_id = ?", target))
+				require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt"))
+				s := c.Processor().Stats()
+				require.EqualValues(t, 10, s.Applied)
+				require.EqualValues(t, 1, s.Retries)
+				if batch > 1 {
+					require.Equal(t, []string{target}, cr.sent(), "only the failed message went back, alone")
+				} else {
+					require.Empty(t, cr.sent())
+				}
+				t.Logf("COUNTS d (batch=%d): effects=%d applied=%d retries=%d dedup_hits=%d resent_by_rmqtx=%d", batch, effects(t, db), s.Applied, s.Retries, s.Duplicates, len(cr.sent()))
+			})
 		})
 	}
 }
@@ -445,7 +463,10 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 // the same batches are unaffected.
 func TestPoisonMessage(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testPoisonMessage)
+}
+
+func testPoisonMessage(t *testing.T, db *sqlx.DB) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 1)
 	var runs runCounter
@@ -518,7 +539,7 @@ func TestPoisonMessage(t *testing.T) {
 func TestStartCreatesRetryTopic(t *testing.T) {
 	t.Parallel()
 	s := testenv.Integration(t)
-	db := testenv.DB(t)
+	db := testenv.MySQLDB(t) // New needs a database; this test is about the broker
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "cg")
 	testenv.CreateTopic(t, topic, 2)
 	retry := "%RETRY%" + group

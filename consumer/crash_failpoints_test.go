@@ -31,9 +31,7 @@ func TestHelperProcessConsumer(t *testing.T) {
 	if !testenv.IsChild(t) {
 		return // only meaningful as the child process
 	}
-	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envHelperDB)))
-	require.NoError(t, err)
-	defer db.Close()
+	db := testenv.OpenDBRefEnv(t, envHelperDB) // either database: the parent's testenv.DBRef
 	c, err := New(Config{
 		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
 			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
@@ -54,14 +52,17 @@ func TestHelperProcessConsumer(t *testing.T) {
 // and the effect count does not change.
 func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testCrashAfterCommitBeforeAck)
+}
+
+func testCrashAfterCommitBeforeAck(t *testing.T, db *sqlx.DB) {
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 2)
 	id := wire.NewEventID()
 	newPublisher(t).send(topic, ev(id, "Created"), []byte(`{"n":1}`))
 
 	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{
-		envHelperDB + "=" + testenv.DBName(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group,
+		envHelperDB + "=" + testenv.DBRef(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group,
 	}}.MustCrash(t)
 
 	// The child committed the effect and the dedup row, then died unACKed.

@@ -58,12 +58,11 @@ func TestDeadLetterFilterSQL(t *testing.T) {
 // insertDL writes a dead letter straight into the table.
 func insertDL(t *testing.T, db *sqlx.DB, group, topic, eventID, status string, class Class, firstSeen, lastSeen time.Time) int64 {
 	t.Helper()
-	res, err := db.Exec(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
+	d := dialect.Must(db)
+	id, err := d.InsertID(context.Background(), db, d.Rebind(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
 		business_key, error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
-		VALUES (?, ?, 0, 0, 'm', ?, 'T', 'k', ?, 'no', 'p', SHA2('p', 256), '{"A":"1"}', 0, ?, ?, ?)`,
-		group, topic, eventID, string(class), status, firstSeen, lastSeen)
-	require.NoError(t, err)
-	id, err := res.LastInsertId()
+		VALUES (?, ?, 0, 0, 'm', ?, 'T', 'k', ?, 'no', ?, ?, '{"A":"1"}', 0, ?, ?, ?)`), "id",
+		group, topic, eventID, string(class), []byte("p"), wire.Hash([]byte("p")), status, firstSeen, lastSeen)
 	require.NoError(t, err)
 	return id
 }
@@ -73,7 +72,10 @@ func insertDL(t *testing.T, db *sqlx.DB, group, topic, eventID, status string, c
 // NotAfter inclusive.
 func TestDeadLetterFilterSelects(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDeadLetterFilterSelects)
+}
+
+func testDeadLetterFilterSelects(t *testing.T, db *sqlx.DB) {
 	ctx := context.Background()
 	t0 := time.Date(2025, 6, 1, 10, 0, 0, 0, time.UTC)
 	a := insertDL(t, db, "g1", "orders", "e-a", DeadLetterParked, ClassPermanent, t0, t0)
@@ -131,7 +133,10 @@ func TestDeadLetterFilterSelects(t *testing.T) {
 // replay of a PARKED or REPLAYED dead letter in it, and refuses others.
 func TestDeadLetterReplayInTx(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDeadLetterReplayInTx)
+}
+
+func testDeadLetterReplayInTx(t *testing.T, db *sqlx.DB) {
 	ctx := context.Background()
 	now := time.Now().UTC()
 	parked := insertDL(t, db, "g", "orders", "e-1", DeadLetterParked, ClassPermanent, now, now)
@@ -151,7 +156,11 @@ func TestDeadLetterReplayInTx(t *testing.T) {
 	conn, err := db.Connx(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 1")
+	wait := "SET SESSION innodb_lock_wait_timeout = 1"
+	if db.DriverName() != "mysql" {
+		wait = "SET lock_timeout = '1s'"
+	}
+	_, err = conn.ExecContext(ctx, wait)
 	require.NoError(t, err)
 	tx2, err := conn.BeginTxx(ctx, nil)
 	require.NoError(t, err)
@@ -192,7 +201,10 @@ func TestDeadLetterReplayInTx(t *testing.T) {
 // that returns the payload unchanged is not counted as a redaction.
 func TestDeadLetterPayloadRedactedByDefault(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDeadLetterPayloadRedactedByDefault)
+}
+
+func testDeadLetterPayloadRedactedByDefault(t *testing.T, db *sqlx.DB) {
 	ctx := context.Background()
 	reject := Route{Handler: func(context.Context, *sqlx.Tx, Event) error { return Permanent(errors.New("rejected")) }}
 	payload := `{"pan":"4111-1111-1111-1111"}`
@@ -222,7 +234,7 @@ func TestDeadLetterPayloadRedactedByDefault(t *testing.T) {
 		require.Equal(t, wire.Hash([]byte(payload)), dl.RequestHash, "%s: the hash identifies the payload", c.name)
 		require.Equal(t, id, dl.Properties[wire.PropEventID], c.name)
 		var raw []byte
-		require.NoError(t, db.Get(&raw, "SELECT payload FROM rmqtx_dead_letter WHERE id = ?", o.DeadLetterID))
+		require.NoError(t, db.Get(&raw, db.Rebind("SELECT payload FROM rmqtx_dead_letter WHERE id = ?"), o.DeadLetterID))
 		require.Equal(t, c.stored, raw, "%s: what the table holds", c.name)
 	}
 }

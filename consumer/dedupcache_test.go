@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -65,27 +66,15 @@ func TestDedupCacheDisabledAndDefaults(t *testing.T) {
 	require.Equal(t, DedupCacheStats{Capacity: DefaultDedupCacheSize}, p.DedupCacheStats())
 }
 
-// ownPool opens a second pool on db's database with the DSN changed by mut,
-// so a test can close it (or set driver flags) without touching db.
-func ownPool(t *testing.T, db *sqlx.DB, mut func(c *mysql.Config)) *sqlx.DB {
-	t.Helper()
-	c, err := mysql.ParseDSN(testenv.Load().DSN(testenv.DBName(t, db)))
-	require.NoError(t, err)
-	if mut != nil {
-		mut(c)
-	}
-	own, err := sqlx.Open("mysql", c.FormatDSN())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = own.Close() })
-	return own
-}
-
 // A cached duplicate touches no database: its pool is closed. A redelivery
 // with another hash is not decided by the cache: it needs the database.
 func TestDedupCacheHitSkipsDatabase(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
-	own := ownPool(t, db, nil)
+	eachDB(t, testDedupCacheHitSkipsDatabase)
+}
+
+func testDedupCacheHitSkipsDatabase(t *testing.T, db *sqlx.DB) {
+	own := testenv.Reopen(t, db) // closed below, db stays open
 	p := newProc(t, own, nil)
 	ctx := context.Background()
 	id := wire.NewEventID()
@@ -113,7 +102,10 @@ func TestDedupCacheHitSkipsDatabase(t *testing.T) {
 // database path, with both hashes; the cached entry stays valid.
 func TestDedupCacheMismatchParksConflict(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDedupCacheMismatchParksConflict)
+}
+
+func testDedupCacheMismatchParksConflict(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, nil)
 	ctx := context.Background()
 	id := wire.NewEventID()
@@ -139,7 +131,10 @@ func TestDedupCacheMismatchParksConflict(t *testing.T) {
 // delivery runs the handler.
 func TestDedupCacheNeverHoldsRolledBackAttempts(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDedupCacheNeverHoldsRolledBackAttempts)
+}
+
+func testDedupCacheNeverHoldsRolledBackAttempts(t *testing.T, db *sqlx.DB) {
 	var mode atomic.Value // "fail", "rollback" or "ok"
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.Routes["Created"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
@@ -185,7 +180,10 @@ func TestDedupCacheNeverHoldsRolledBackAttempts(t *testing.T) {
 // still a dedup hit, from the database, and it is cached again.
 func TestDedupCacheBoundInProcessor(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDedupCacheBoundInProcessor)
+}
+
+func testDedupCacheBoundInProcessor(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) { c.DedupCacheSize = 2 })
 	ctx := context.Background()
 	ids := []string{wire.NewEventID(), wire.NewEventID(), wire.NewEventID()}
@@ -207,9 +205,35 @@ func TestDedupCacheBoundInProcessor(t *testing.T) {
 // stale versions are told apart the same way.
 func TestDedupDatabasePathDriverFlags(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
-	for _, flags := range []struct{ foundRows, interpolate bool }{{false, false}, {true, false}, {true, true}} {
-		own := ownPool(t, db, func(c *mysql.Config) { c.ClientFoundRows, c.InterpolateParams = flags.foundRows, flags.interpolate })
+	eachDB(t, testDedupDatabasePathDriverFlags)
+}
+
+func testDedupDatabasePathDriverFlags(t *testing.T, db *sqlx.DB) {
+	// The driver settings that change what a statement reports or how it
+	// is sent: MySQL's clientFoundRows (rows matched, not changed) and
+	// interpolateParams (no server-side prepare); pgx's query exec modes
+	// (prepared and cached, described each time, simple protocol).
+	type variant struct {
+		flags string
+		open  func() *sqlx.DB
+	}
+	my := func(foundRows, interpolate bool) variant {
+		return variant{fmt.Sprintf("clientFoundRows=%v interpolateParams=%v", foundRows, interpolate), func() *sqlx.DB {
+			return testenv.MySQLVariant(t, db, func(c *mysql.Config) { c.ClientFoundRows, c.InterpolateParams = foundRows, interpolate })
+		}}
+	}
+	pg := func(mode pgx.QueryExecMode) variant {
+		return variant{"exec mode " + mode.String(), func() *sqlx.DB {
+			return testenv.PGVariant(t, db, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = mode })
+		}}
+	}
+	variants := []variant{my(false, false), my(true, false), my(true, true)}
+	if db.DriverName() != "mysql" {
+		variants = []variant{pg(pgx.QueryExecModeCacheStatement), pg(pgx.QueryExecModeDescribeExec), pg(pgx.QueryExecModeSimpleProtocol)}
+	}
+	for _, v := range variants {
+		flags := v.flags
+		own := v.open()
 		p := newProc(t, own, func(c *ProcessorConfig) { c.DedupCacheSize = -1; c.VersionMode = VersionMonotonic })
 		ctx := context.Background()
 		id := wire.NewEventID()
@@ -237,7 +261,7 @@ func TestDedupDatabasePathDriverFlags(t *testing.T) {
 		require.Equal(t, Stats{Applied: 2, Duplicates: 2, Conflicts: 2, Parked: 2, Stale: 1}, p.Stats(), "%+v", flags)
 		require.Zero(t, p.DedupCacheStats().Hits)
 		var retries int
-		require.NoError(t, db.Get(&retries, "SELECT retry_count FROM rmqtx_consume_log WHERE consumer_group = ? AND event_id = ?", p.Config().Group, id))
+		require.NoError(t, db.Get(&retries, db.Rebind("SELECT retry_count FROM rmqtx_consume_log WHERE consumer_group = ? AND event_id = ?"), p.Config().Group, id))
 		require.Zero(t, retries, "the duplicate's marker update was rolled back")
 	}
 	require.Equal(t, 6, effects(t, db))
@@ -268,7 +292,10 @@ func TestDupWindow(t *testing.T) {
 // conflicts still take the transaction.
 func TestDedupStormReadsCommittedRowFirst(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDedupStormReadsCommittedRowFirst)
+}
+
+func testDedupStormReadsCommittedRowFirst(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) { c.DedupCacheSize = -1 })
 	ctx := context.Background()
 	ids := make([]string, 64)
@@ -286,7 +313,7 @@ func TestDedupStormReadsCommittedRowFirst(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = lock.Rollback() }()
 	var h string
-	require.NoError(t, lock.Get(&h, "SELECT request_hash FROM rmqtx_consume_log WHERE consumer_group = ? AND event_id = ? FOR UPDATE", p.Config().Group, ids[0]))
+	require.NoError(t, lock.Get(&h, lock.Rebind("SELECT request_hash FROM rmqtx_consume_log WHERE consumer_group = ? AND event_id = ? FOR UPDATE"), p.Config().Group, ids[0]))
 	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	require.Equal(t, ResultDuplicate, p.Process(dctx, msg(ev(ids[0], "Created"), "p-"+ids[0])).Result, "answered without the row lock")

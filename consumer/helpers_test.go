@@ -14,23 +14,51 @@ import (
 	"github.com/rmqtx/rmqtx/wire"
 )
 
-// setupDB returns a fresh database with the consumer tables and a business
-// table "effect" that records every handler run that committed. It has no
-// unique key on event_id on purpose: a duplicate effect would show.
-func setupDB(t *testing.T) *sqlx.DB {
+// setupDB migrates db (a fresh database of testenv.EachDB) with the
+// consumer tables and adds a business table "effect" that records every
+// handler run that committed. It has no unique key on event_id on purpose: a
+// duplicate effect would show.
+func setupDB(t *testing.T, db *sqlx.DB) *sqlx.DB {
 	t.Helper()
-	db := testenv.DB(t)
 	ctx := context.Background()
 	require.NoError(t, migrateTables(ctx, db, ""))
-	_, err := db.ExecContext(ctx, `CREATE TABLE effect (
+	ddl := []string{`CREATE TABLE effect (
 		id BIGINT AUTO_INCREMENT PRIMARY KEY,
 		event_id VARCHAR(64) NOT NULL,
 		agg_id VARCHAR(128) NOT NULL,
 		version BIGINT NOT NULL,
 		payload VARBINARY(1024) NOT NULL,
-		KEY (event_id))`)
-	require.NoError(t, err)
+		KEY (event_id))`}
+	if db.DriverName() != "mysql" {
+		ddl = []string{`CREATE TABLE effect (
+		id BIGSERIAL PRIMARY KEY,
+		event_id VARCHAR(64) NOT NULL,
+		agg_id VARCHAR(128) NOT NULL,
+		version BIGINT NOT NULL,
+		payload BYTEA NOT NULL)`, "CREATE INDEX effect_event_id ON effect (event_id)"}
+	}
+	for _, q := range ddl {
+		_, err := db.ExecContext(ctx, q)
+		require.NoError(t, err)
+	}
 	return db
+}
+
+// eachDB runs body on each database (testenv.EachDB) with the tables of
+// setupDB, the two as parallel subtests.
+func eachDB(t *testing.T, body func(t *testing.T, db *sqlx.DB)) {
+	t.Helper()
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		body(t, setupDB(t, db))
+	})
+}
+
+// exec runs a fixture statement written with "?" placeholders.
+func exec(t testing.TB, db *sqlx.DB, q string, args ...any) {
+	t.Helper()
+	_, err := db.Exec(db.Rebind(q), args...)
+	require.NoError(t, err)
 }
 
 // migrateTables creates the consumer tables under prefix as
@@ -57,7 +85,7 @@ func idleDB() *sqlx.DB { return sqlx.NewDb(nil, "mysql") }
 
 // effectHandler inserts one effect row per run.
 func effectHandler(ctx context.Context, tx *sqlx.Tx, ev Event) error {
-	_, err := tx.ExecContext(ctx, "INSERT INTO effect (event_id, agg_id, version, payload) VALUES (?, ?, ?, ?)",
+	_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO effect (event_id, agg_id, version, payload) VALUES (?, ?, ?, ?)"),
 		ev.ID, ev.AggregateID, ev.AggregateVersion, ev.Payload)
 	return err
 }
@@ -65,7 +93,7 @@ func effectHandler(ctx context.Context, tx *sqlx.Tx, ev Event) error {
 func countRows(t testing.TB, db *sqlx.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Get(&n, q, args...))
+	require.NoError(t, db.Get(&n, db.Rebind(q), args...))
 	return n
 }
 

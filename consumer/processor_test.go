@@ -33,7 +33,10 @@ func newProc(t *testing.T, db *sqlx.DB, mut func(c *ProcessorConfig)) *Processor
 
 func TestProcessDedupAndConflict(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessDedupAndConflict)
+}
+
+func testProcessDedupAndConflict(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, nil)
 	ctx := context.Background()
 	id := wire.NewEventID()
@@ -72,7 +75,10 @@ func TestProcessDedupAndConflict(t *testing.T) {
 
 func TestProcessConcurrentDeliveriesOneEffect(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessConcurrentDeliveriesOneEffect)
+}
+
+func testProcessConcurrentDeliveriesOneEffect(t *testing.T, db *sqlx.DB) {
 	// Two processors of the same group stand for two instances.
 	p1 := newProc(t, db, nil)
 	cfg := p1.Config()
@@ -105,7 +111,10 @@ func TestProcessConcurrentDeliveriesOneEffect(t *testing.T) {
 
 func TestProcessHandlerErrorLeavesNoDedupRow(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessHandlerErrorLeavesNoDedupRow)
+}
+
+func testProcessHandlerErrorLeavesNoDedupRow(t *testing.T, db *sqlx.DB) {
 	fail := atomic.Bool{}
 	fail.Store(true)
 	p := newProc(t, db, func(c *ProcessorConfig) {
@@ -141,7 +150,10 @@ func TestProcessHandlerErrorLeavesNoDedupRow(t *testing.T) {
 
 func TestProcessRetryLimitParks(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessRetryLimitParks)
+}
+
+func testProcessRetryLimitParks(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.MaxRetries = 2
 		c.MaxWaits = 1
@@ -183,7 +195,10 @@ func TestProcessRetryLimitParks(t *testing.T) {
 
 func TestProcessPermanentFailures(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testProcessPermanentFailures)
+}
+
+func testProcessPermanentFailures(t *testing.T, db *sqlx.DB) {
 	var handlerRuns atomic.Int32
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.Routes["Rejected"] = Route{Handler: func(context.Context, *sqlx.Tx, Event) error {
@@ -247,7 +262,10 @@ func TestProcessPermanentFailures(t *testing.T) {
 
 func TestVersionGuardStrict(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testVersionGuardStrict)
+}
+
+func testVersionGuardStrict(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, nil) // strict is the default
 	ctx := context.Background()
 	agg := "box-1"
@@ -279,7 +297,10 @@ func TestVersionGuardStrict(t *testing.T) {
 
 func TestVersionGuardMonotonic(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testVersionGuardMonotonic)
+}
+
+func testVersionGuardMonotonic(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.VersionMode = VersionMonotonic
 		c.Routes["Unversioned"] = Route{Handler: effectHandler, Version: VersionNone}
@@ -304,7 +325,10 @@ func TestVersionGuardMonotonic(t *testing.T) {
 
 func TestRedactionAndResultRef(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testRedactionAndResultRef)
+}
+
+func testRedactionAndResultRef(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.Redact = func([]byte) []byte { return []byte("<redacted>") }
 		c.RedactText = func(s string) string { return strings.ReplaceAll(s, "4111-1111", "****") }
@@ -330,13 +354,16 @@ func TestRedactionAndResultRef(t *testing.T) {
 	id := wire.NewEventID()
 	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(id, "Created"), "x")).Result)
 	var ref string
-	require.NoError(t, db.Get(&ref, "SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?", id))
+	require.NoError(t, db.Get(&ref, db.Rebind("SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?"), id))
 	require.Equal(t, "order:42", ref)
 }
 
 func TestDeadLetterStore(t *testing.T) {
 	t.Parallel()
-	db := setupDB(t)
+	eachDB(t, testDeadLetterStore)
+}
+
+func testDeadLetterStore(t *testing.T, db *sqlx.DB) {
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.Routes["Rejected"] = Route{Handler: func(context.Context, *sqlx.Tx, Event) error {
 			return Permanent(errors.New("no"))
@@ -390,13 +417,21 @@ func TestDeadLetterStore(t *testing.T) {
 
 func TestMigrateIdempotentWithPrefix(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
+	testenv.EachDB(t, testMigrateIdempotentWithPrefix)
+}
+
+func testMigrateIdempotentWithPrefix(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
 	ctx := context.Background()
 	for range 2 {
 		require.NoError(t, migrateTables(ctx, db, "svc_a_"))
 	}
 	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM svc_a_schema_migrations WHERE part = 'consumer'"))
-	require.Equal(t, 5, countRows(t, db, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'svc\\_a\\_%'"),
+	schema := "DATABASE()"
+	if db.DriverName() != "mysql" {
+		schema = "current_schema()"
+	}
+	require.Equal(t, 5, countRows(t, db, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "+schema+" AND table_name LIKE 'svc\\_a\\_%'"),
 		"the four consumer tables and the version table")
 	require.ErrorIs(t, migrateTables(ctx, db, "bad prefix"), ErrConfig)
 }

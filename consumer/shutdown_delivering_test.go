@@ -41,8 +41,11 @@ const reqQueryConsumerOffset = 14
 // upstream one (scripts/upstream-mod.sh).
 func TestShutdownWhileDelivering(t *testing.T) {
 	t.Parallel()
+	eachDB(t, testShutdownWhileDelivering)
+}
+
+func testShutdownWhileDelivering(t *testing.T, db *sqlx.DB) {
 	s := testenv.Integration(t)
-	db := setupDB(t)
 	ctx := context.Background()
 
 	// A steady stream until the test ends, into the round's topic. Each

@@ -155,10 +155,15 @@ func TestMigrationsLoad(t *testing.T) {
 		require.NotContains(t, s, "{{")
 		require.NotContains(t, s, "--")
 	}
-	_, names, err = Migrations("mysql", "")
-	require.NoError(t, err)
-	require.Equal(t, DefaultTablePrefix+"dead_letter", names["{{dead_letter}}"])
-	for _, d := range []string{"", "postgres", "../mysql", "mysql/x"} {
+	for _, d := range []string{"mysql", "postgres"} {
+		fsys, names, err = Migrations(d, "")
+		require.NoError(t, err, d)
+		require.Equal(t, DefaultTablePrefix+"dead_letter", names["{{dead_letter}}"])
+		migs, err := migrate.Load(fsys, ".")
+		require.NoError(t, err, d)
+		require.NotEmpty(t, migs, d)
+	}
+	for _, d := range []string{"", "sqlite3", "oracle", "../mysql", "mysql/x", "postgres/.."} {
 		_, _, err = Migrations(d, "")
 		require.ErrorIs(t, err, ErrConfig, "dialect %q", d)
 	}

@@ -382,7 +382,7 @@ func testBatchPartialFailureOutcomesExact(t *testing.T, b *bed) {
 // own outcome (here all SENT, each delivered once).
 func TestBatchRefusedByBrokerSendsRowsAlone(t *testing.T) {
 	t.Parallel()
-	eachDB(t, testBatchRefusedByBrokerSendsRowsAlone)
+	eachDBSerial(t, testBatchRefusedByBrokerSendsRowsAlone)
 }
 
 func testBatchRefusedByBrokerSendsRowsAlone(t *testing.T, b *bed) {

@@ -245,6 +245,9 @@ func TestOneWritePerRowWithBatchSink(t *testing.T) {
 					require.Equal(t, 1, snap.Counts[id], "row %s delivered once", id)
 					require.Equal(t, c.writes, w[id], "row %s written %d times", id, w[id])
 				}
+				// The table shows SENT when the outcome commits; the counter
+				// follows just after (held.go counts once the commit returned).
+				testenv.Eventually(t, 30*time.Second, "every SENT counted", func() bool { return d.Stats().Sent >= n })
 				st := d.Stats()
 				require.EqualValues(t, n, st.Sent)
 				require.Zero(t, st.MarkErrors+st.LostLeases+st.TookOver)

@@ -46,6 +46,14 @@ func eachDB(t *testing.T, body func(t *testing.T, b *bed)) {
 	})
 }
 
+// eachDBSerial is eachDB with the databases one after the other: for a
+// test whose sends are heavy enough (megabytes per message) that two at once
+// would time out on a loaded broker.
+func eachDBSerial(t *testing.T, body func(t *testing.T, b *bed)) {
+	t.Helper()
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) { body(t, newBed(t, db)) })
+}
+
 // exec runs a fixture statement written with "?" placeholders on b's
 // database.
 func (b *bed) exec(t *testing.T, q string, args ...any) {

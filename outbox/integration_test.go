@@ -677,7 +677,7 @@ func runOrder(t *testing.T, b *bed, held bool) {
 // without consuming a retry. No goroutine outlives Shutdown. (Not parallel:
 // it counts the package's goroutines.)
 func TestShutdownDrainsAndHandsBack(t *testing.T) {
-	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) { testShutdownDrainsAndHandsBack(t, newBed(t, db)) })
+	eachDBSerial(t, testShutdownDrainsAndHandsBack)
 }
 
 func testShutdownDrainsAndHandsBack(t *testing.T, b *bed) {

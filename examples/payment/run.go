@@ -578,6 +578,9 @@ func (a *app) waitQuiescent(ctx context.Context, d *Driver) bool {
 				a.log.Info("quiescent: every derived result has caught up")
 				return true
 			}
+			if err == nil {
+				a.log.Debugf("caught up but for %d rows rmqtx stuck lists (first: %s %s/%s)", len(stuck), stuck[0].Status, stuck[0].Where, stuck[0].EventID)
+			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			a.log.Warnf("not quiescent after %s; reconciling what is there", a.cfg.Timeout)

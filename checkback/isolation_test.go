@@ -207,7 +207,7 @@ func TestBrokerCheckReadsCommittedOnly(t *testing.T) {
 	require.True(t, coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[marker] > 0 }), "marker not consumed")
 	require.Zero(t, coll.Snapshot().Counts[id], "copies of the rolled-back event on the topic")
 	var orders int
-	require.NoError(t, db.Get(&orders, "SELECT COUNT(*) FROM orders WHERE id = ?", id))
+	require.NoError(t, db.Get(&orders, db.Rebind("SELECT COUNT(*) FROM orders WHERE id = ?"), id))
 	require.Zero(t, orders, "business rows of the rolled-back event")
 	for _, a := range checks.get() {
 		require.NotEqual(t, checkback.Commit, a.Decision, "%+v", a)
@@ -215,5 +215,5 @@ func TestBrokerCheckReadsCommittedOnly(t *testing.T) {
 	r, err := store.Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, txlog.StateRolledBack, r.State)
-	t.Logf("check answers while the transaction ran: %d (%+v)", len(during), during)
+	t.Logf("check answers by the time Send returned: %d (%+v)", len(during), during)
 }

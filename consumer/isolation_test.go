@@ -79,7 +79,9 @@ func testDedupAtIsolation(t *testing.T, db *sqlx.DB, level string) {
 					return true
 				default:
 				}
-				return testenv.LockWaiters(t, db, "INSERT INTO rmqtx_consume_log") > 0
+				n, err := testenv.LockWaiters(db, "INSERT INTO rmqtx_consume_log")
+				require.NoError(t, err)
+				return n > 0
 			})
 			if early != nil {
 				_ = other.Rollback()

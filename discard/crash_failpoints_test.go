@@ -98,7 +98,7 @@ func TestRecoveryCrashAfterRepublish(t *testing.T) {
 		return c.Processor().Stats().Duplicates >= 1
 	})
 	var effects int
-	require.NoError(t, b.db.Get(&effects, "SELECT COUNT(*) FROM effects WHERE event_id = ?", id))
+	require.NoError(t, b.db.Get(&effects, b.db.Rebind("SELECT COUNT(*) FROM effects WHERE event_id = ?"), id))
 	require.Equal(t, 1, effects, "one business effect")
 	t.Logf("crash after republish: copies=%d effects=%d dedup_hits=%d", snap.Counts[id], effects, c.Processor().Stats().Duplicates)
 }

@@ -127,7 +127,7 @@ func (f *faultBed) testHalfStoredLate(t *testing.T) {
 	require.Equal(t, txproducer.StateCommitted, o.res.State)
 	require.Equal(t, txlog.StateCommitted, f.row(t, id).State)
 	var orders int
-	require.NoError(t, f.db.Get(&orders, "SELECT COUNT(*) FROM orders WHERE id = ?", id))
+	require.NoError(t, f.db.Get(&orders, f.db.Rebind("SELECT COUNT(*) FROM orders WHERE id = ?"), id))
 	require.Equal(t, 1, orders)
 }
 
@@ -179,7 +179,7 @@ func (f *faultBed) testHalfNeverStored(t *testing.T) {
 	_, gerr := f.store.Get(context.Background(), id)
 	require.ErrorIs(t, gerr, txlog.ErrNotFound, "the early transaction's row was rolled back")
 	var orders int
-	require.NoError(t, f.db.Get(&orders, "SELECT COUNT(*) FROM orders WHERE id = ?", id))
+	require.NoError(t, f.db.Get(&orders, f.db.Rebind("SELECT COUNT(*) FROM orders WHERE id = ?"), id))
 	require.Zero(t, orders)
 
 	f.broker.restart(t)

@@ -39,9 +39,7 @@ func TestConfigLogMustUseDB(t *testing.T) {
 	require.NoError(t, other.PingContext(ctx))
 	require.NotEqual(t, testenv.DBName(t, shop), testenv.DBName(t, other), "two databases")
 	// A second pool on shop's own database.
-	shopAgain, err := sqlx.Open("mysql", s.DSN(testenv.DBName(t, shop)))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = shopAgain.Close() })
+	shopAgain := testenv.Reopen(t, shop)
 	require.NoError(t, shopAgain.PingContext(ctx))
 	require.Equal(t, testenv.DBName(t, shop), testenv.DBName(t, shopAgain))
 

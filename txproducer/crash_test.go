@@ -26,7 +26,7 @@ func TestHelperProcess(t *testing.T) {
 	if !testenv.IsChild(t) {
 		return
 	}
-	db, err := sqlx.Open("mysql", os.Getenv("RMQTX_HELPER_DSN"))
+	db, err := testenv.OpenDBRef(os.Getenv("RMQTX_HELPER_DB")) // either database: the parent's testenv.DBRef
 	if err != nil {
 		os.Exit(2)
 	}
@@ -53,7 +53,7 @@ func TestHelperProcess(t *testing.T) {
 func crashSend(t *testing.T, b *bundle, point, id string) {
 	t.Helper()
 	testenv.Child{Test: "TestHelperProcess", Failpoint: point, Env: []string{
-		"RMQTX_HELPER_DSN=" + b.s.DSN(testenv.DBName(t, b.db)),
+		"RMQTX_HELPER_DB=" + testenv.DBRef(t, b.db),
 		"RMQTX_HELPER_NAMESRV=" + b.s.NameServer,
 		"RMQTX_HELPER_GROUP=" + b.group,
 		"RMQTX_HELPER_TOPIC=" + b.topic,
@@ -65,7 +65,10 @@ func crashSend(t *testing.T, b *bundle, point, id string) {
 // surviving instance fences and answers ROLLBACK; never consumed.
 func TestCrashAfterHalfMessage(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testCrashAfterHalfMessage)
+}
+
+func testCrashAfterHalfMessage(t *testing.T, b *bundle) {
 	survivor := startProducer(t, b.config())
 	id := "crash-half-" + testenv.RandSuffix(6)
 	crashSend(t, b, failpoint.AfterHalfMessage, id)
@@ -77,7 +80,7 @@ func TestCrashAfterHalfMessage(t *testing.T) {
 	b.sendMarker(t, survivor)
 	require.Zero(t, b.coll.Snapshot().Counts[id], "ghost event")
 	var orders int
-	require.NoError(t, b.db.Get(&orders, "SELECT COUNT(*) FROM orders WHERE id = ?", id))
+	require.NoError(t, b.db.Get(&orders, b.db.Rebind("SELECT COUNT(*) FROM orders WHERE id = ?"), id))
 	require.Zero(t, orders)
 	t.Logf("crash after half: answers=%d final=%s (%s)", len(as), as[len(as)-1].Decision, as[len(as)-1].Reason)
 }
@@ -86,7 +89,10 @@ func TestCrashAfterHalfMessage(t *testing.T) {
 // answers COMMIT from the txlog and the event is consumed.
 func TestCrashAfterLocalCommit(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testCrashAfterLocalCommit)
+}
+
+func testCrashAfterLocalCommit(t *testing.T, b *bundle) {
 	startProducer(t, b.config())
 	id := "crash-commit-" + testenv.RandSuffix(6)
 	crashSend(t, b, failpoint.AfterLocalCommit, id)
@@ -108,7 +114,10 @@ func TestCrashAfterLocalCommit(t *testing.T) {
 // the check commits the first half, and the event arrives exactly once.
 func TestCrashAfterLocalCommitThenResend(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testCrashAfterLocalCommitThenResend)
+}
+
+func testCrashAfterLocalCommitThenResend(t *testing.T, b *bundle) {
 	p := startProducer(t, b.config())
 	id := "resend-commit-" + testenv.RandSuffix(6)
 	crashSend(t, b, failpoint.AfterLocalCommit, id)
@@ -131,7 +140,10 @@ func TestCrashAfterLocalCommitThenResend(t *testing.T) {
 // answers ROLLBACK for the first, and the event arrives exactly once.
 func TestCrashAfterHalfMessageThenResend(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testCrashAfterHalfMessageThenResend)
+}
+
+func testCrashAfterHalfMessageThenResend(t *testing.T, b *bundle) {
 	p := startProducer(t, b.config())
 	id := "resend-half-" + testenv.RandSuffix(6)
 	crashSend(t, b, failpoint.AfterHalfMessage, id)
@@ -151,7 +163,10 @@ func TestCrashAfterHalfMessageThenResend(t *testing.T) {
 // no check is needed.
 func TestCrashAfterEndTransaction(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testCrashAfterEndTransaction)
+}
+
+func testCrashAfterEndTransaction(t *testing.T, b *bundle) {
 	survivor := startProducer(t, b.config())
 	id := "crash-end-" + testenv.RandSuffix(6)
 	crashSend(t, b, failpoint.AfterEndTransaction, id)
@@ -165,7 +180,10 @@ func TestCrashAfterEndTransaction(t *testing.T) {
 // rolls back, the survivor fences, never consumed.
 func TestCrashInsideLocalTx(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testCrashInsideLocalTx)
+}
+
+func testCrashInsideLocalTx(t *testing.T, b *bundle) {
 	survivor := startProducer(t, b.config())
 	id := "crash-inside-" + testenv.RandSuffix(6)
 	crashSend(t, b, failpoint.InsideLocalTx, id)
@@ -180,7 +198,10 @@ func TestCrashInsideLocalTx(t *testing.T) {
 // again and it is consumed once.
 func TestDiscardRecovery(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testDiscardRecovery)
+}
+
+func testDiscardRecovery(t *testing.T, b *bundle) {
 	decisions := make(chan discard.Result, 16)
 	rec, err := discard.New(discard.Config{
 		NameServers: []string{b.s.NameServer}, Group: b.group, Log: b.store, StartRetry: time.Second,

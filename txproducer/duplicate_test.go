@@ -35,7 +35,7 @@ func (b *bundle) exactlyOneCopy(t *testing.T, p *txproducer.Producer, id string)
 	b.sendMarker(t, p)
 	require.Equal(t, 1, b.coll.Snapshot().Counts[id], "copies of %s on the topic", id)
 	var orders int
-	require.NoError(t, b.db.Get(&orders, "SELECT COUNT(*) FROM orders WHERE id = ?", id))
+	require.NoError(t, b.db.Get(&orders, b.db.Rebind("SELECT COUNT(*) FROM orders WHERE id = ?"), id))
 	require.Equal(t, 1, orders, "business rows of %s", id)
 }
 
@@ -46,7 +46,10 @@ func (b *bundle) exactlyOneCopy(t *testing.T, p *txproducer.Producer, id string)
 // with another payload is a conflict.
 func TestSendSameIDSequential(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testSendSameIDSequential)
+}
+
+func testSendSameIDSequential(t *testing.T, b *bundle) {
 	p := startProducer(t, b.config())
 	ctx := context.Background()
 	id := "seq-" + testenv.RandSuffix(8)
@@ -83,7 +86,10 @@ func TestSendSameIDSequential(t *testing.T) {
 // One copy on the topic, the function ran once.
 func TestSendSameIDConcurrent(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testSendSameIDConcurrent)
+}
+
+func testSendSameIDConcurrent(t *testing.T, b *bundle) {
 	id := "race-" + testenv.RandSuffix(8)
 	var entered atomic.Int32
 	bothIn := make(chan struct{})
@@ -138,8 +144,11 @@ func TestSendSameIDConcurrent(t *testing.T) {
 // Duplicate, and one copy reaches the topic.
 func TestSendSameIDStorm(t *testing.T) {
 	t.Parallel()
+	eachDB(t, 1, testSendSameIDStorm)
+}
+
+func testSendSameIDStorm(t *testing.T, b *bundle) {
 	const senders = 8
-	b := setup(t, 1)
 	cfg := b.config()
 	m, err := metrics.New(prometheus.NewRegistry())
 	require.NoError(t, err)

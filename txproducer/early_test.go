@@ -22,7 +22,10 @@ import (
 // holds exactly one copy.
 func TestHalfRefusedRollsBackEarlyTransaction(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testHalfRefusedRollsBackEarlyTransaction)
+}
+
+func testHalfRefusedRollsBackEarlyTransaction(t *testing.T, b *bundle) {
 	cfg := b.config()
 	cfg.MaxPayloadBytes = 4 << 20 // let the broker, not rmqtx, refuse it
 	p := startProducer(t, cfg)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -36,10 +35,28 @@ type bundle struct {
 	rec   *recorder
 }
 
+// setup is setupOn a MariaDB database (testenv.DB), for the tests whose
+// subject is the broker or the client, not the database.
 func setup(t *testing.T, queues int) *bundle {
 	t.Helper()
+	return setupOn(t, testenv.DB(t), queues)
+}
+
+// eachDB runs body on a fresh bundle with a topic of queues queues on each
+// database (testenv.EachDB), the two as parallel subtests.
+func eachDB(t *testing.T, queues int, body func(t *testing.T, b *bundle)) {
+	t.Helper()
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		body(t, setupOn(t, db, queues))
+	})
+}
+
+// setupOn migrates db (a fresh database) and creates the business table,
+// a topic and its collector.
+func setupOn(t *testing.T, db *sqlx.DB, queues int) *bundle {
+	t.Helper()
 	s := testenv.Integration(t)
-	db := testenv.DB(t)
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	require.NoError(t, schema.MigrateAll(context.Background(), db, txlog.DefaultPrefix))
@@ -87,7 +104,7 @@ func (b *bundle) msg(id string) txproducer.Message {
 // insertOrder is the business write of most tests.
 func insertOrder(id string) txproducer.LocalTxFunc {
 	return func(ctx context.Context, tx *sqlx.Tx) error {
-		_, err := tx.ExecContext(ctx, "INSERT INTO orders (id, amount) VALUES (?, 1)", id)
+		_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO orders (id, amount) VALUES (?, 1)"), id)
 		return err
 	}
 }
@@ -194,7 +211,7 @@ func noUnknownPastFenceAge(t *testing.T, as []checkback.Answer) {
 	}
 }
 
-// proxy is a TCP proxy to MariaDB that a test can take down and bring back:
+// proxy is a TCP proxy to the database server that a test can take down and bring back:
 // a real "database down" as the producer sees it.
 type proxy struct {
 	target string
@@ -257,18 +274,4 @@ func (p *proxy) up(t *testing.T) {
 	ln, err := net.Listen("tcp", p.addr)
 	require.NoError(t, err)
 	p.serve(ln)
-}
-
-// dbVia opens the test database through addr.
-func dbVia(t *testing.T, s testenv.Settings, dbName, addr string) *sqlx.DB {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(s.DSN(dbName))
-	require.NoError(t, err)
-	cfg.Addr = addr
-	cfg.Timeout = 2 * time.Second
-	db, err := sqlx.Open("mysql", cfg.FormatDSN())
-	require.NoError(t, err)
-	db.SetMaxOpenConns(16)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
 }

@@ -113,7 +113,10 @@ func TestInvalidMessagesRejectedBeforeSending(t *testing.T) {
 func TestCommits(t *testing.T) {
 	t.Parallel()
 	const total, workers = 1000, 24
-	b := setup(t, 4)
+	eachDB(t, 4, testCommits)
+}
+
+func testCommits(t *testing.T, b *bundle) {
 	cfg := b.config()
 	cfg.DisableRecovery = false // exercise the default wiring too
 	cfg.RecoveryStartRetry = time.Second
@@ -203,7 +206,10 @@ func TestCommits(t *testing.T) {
 // several check intervals; no COMMITTED row exists for it.
 func TestRollbacks(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testRollbacks)
+}
+
+func testRollbacks(t *testing.T, b *bundle) {
 	cfg := b.config()
 	cfg.FenceAge = time.Hour // the sentinel below must stay unfenced
 	// An hour does not fit the test broker's checks: Start refuses it
@@ -216,7 +222,7 @@ func TestRollbacks(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		m := b.msg("")
 		res, err := p.Send(ctx, m, func(ctx context.Context, tx *sqlx.Tx) error {
-			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, amount) VALUES (?, 1)", m.BusinessKey+testenv.RandSuffix(4)); err != nil {
+			if _, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO orders (id, amount) VALUES (?, 1)"), m.BusinessKey+testenv.RandSuffix(4)); err != nil {
 				return err
 			}
 			return errBusiness
@@ -268,12 +274,15 @@ func TestRollbacks(t *testing.T) {
 	t.Logf("rollbacks: rolled_back=%d consumed_of_them=0 checks_of_them=%d (all ROLLBACK) sentinel_checks=%d", len(rolledBack), checked, len(b.rec.get(sentinel)))
 }
 
-// fenceBlocked reports whether a check's INSERT IGNORE is waiting on the
-// row lock in b's database.
+// fenceBlocked reports whether a check's fence (the insert that skips an
+// existing row) is waiting on the row lock in b's database.
 func fenceBlocked(b *bundle) bool {
-	var n int
-	_ = b.db.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND INFO LIKE 'INSERT IGNORE INTO%'")
-	return n > 0
+	prefix := "INSERT IGNORE INTO " + b.store.Table()
+	if b.db.DriverName() != "mysql" {
+		prefix = "INSERT INTO " + b.store.Table() // LockWaiters counts only statements waiting for a lock
+	}
+	n, err := testenv.LockWaiters(b.db, prefix)
+	return err == nil && n > 0
 }
 
 // e. A local transaction still running past the fence age: the check waits
@@ -284,70 +293,73 @@ func TestLongLocalTransaction(t *testing.T) {
 	t.Parallel()
 	t.Run("commit wins", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, 1)
-		p := startProducer(t, b.config())
-		id := "long-commit-" + testenv.RandSuffix(6)
-		res, err := p.Send(context.Background(), b.msg(id), func(ctx context.Context, tx *sqlx.Tx) error {
-			if err := insertOrder(id)(ctx, tx); err != nil {
-				return err
-			}
-			testenv.Eventually(t, 60*time.Second, "a check blocked on our row lock", func() bool { return fenceBlocked(b) })
-			return nil
+		eachDB(t, 1, func(t *testing.T, b *bundle) {
+			p := startProducer(t, b.config())
+			id := "long-commit-" + testenv.RandSuffix(6)
+			res, err := p.Send(context.Background(), b.msg(id), func(ctx context.Context, tx *sqlx.Tx) error {
+				if err := insertOrder(id)(ctx, tx); err != nil {
+					return err
+				}
+				testenv.Eventually(t, 60*time.Second, "a check blocked on our row lock", func() bool { return fenceBlocked(b) })
+				return nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, txproducer.StateCommitted, res.State)
+			as := b.rec.waitT(t, id, "the blocked check answers", func(as []checkback.Answer) bool {
+				return len(as) > 0 && as[len(as)-1].Age >= testFenceAge
+			})
+			noUnknownPastFenceAge(t, as)
+			last := as[len(as)-1]
+			require.Equal(t, checkback.Commit, last.Decision, "%+v", as)
+			require.Equal(t, txlog.ByLocalCommit, b.row(t, id).ResolvedBy)
+			require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }))
+			t.Logf("commit wins: answers=%d last=%s after %s", len(as), last.Decision, last.Age.Round(time.Millisecond))
 		})
-		require.NoError(t, err)
-		require.Equal(t, txproducer.StateCommitted, res.State)
-		as := b.rec.waitT(t, id, "the blocked check answers", func(as []checkback.Answer) bool {
-			return len(as) > 0 && as[len(as)-1].Age >= testFenceAge
-		})
-		noUnknownPastFenceAge(t, as)
-		last := as[len(as)-1]
-		require.Equal(t, checkback.Commit, last.Decision, "%+v", as)
-		require.Equal(t, txlog.ByLocalCommit, b.row(t, id).ResolvedBy)
-		require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }))
-		t.Logf("commit wins: answers=%d last=%s after %s", len(as), last.Decision, last.Age.Round(time.Millisecond))
 	})
 	t.Run("rollback wins", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, 1)
-		p := startProducer(t, b.config())
-		id := "long-rollback-" + testenv.RandSuffix(6)
-		res, err := p.Send(context.Background(), b.msg(id), func(ctx context.Context, tx *sqlx.Tx) error {
-			testenv.Eventually(t, 60*time.Second, "a check blocked on our row lock", func() bool { return fenceBlocked(b) })
-			return errBusiness
+		eachDB(t, 1, func(t *testing.T, b *bundle) {
+			p := startProducer(t, b.config())
+			id := "long-rollback-" + testenv.RandSuffix(6)
+			res, err := p.Send(context.Background(), b.msg(id), func(ctx context.Context, tx *sqlx.Tx) error {
+				testenv.Eventually(t, 60*time.Second, "a check blocked on our row lock", func() bool { return fenceBlocked(b) })
+				return errBusiness
+			})
+			require.ErrorIs(t, err, errBusiness)
+			require.Equal(t, txproducer.StateRolledBack, res.State)
+			as := b.rec.waitT(t, id, "the blocked check answers ROLLBACK", hasDecision(checkback.Rollback))
+			noUnknownPastFenceAge(t, as)
+			require.Equal(t, txlog.StateRolledBack, b.row(t, id).State)
+			b.sendMarker(t, p)
+			require.Zero(t, b.coll.Snapshot().Counts[id])
 		})
-		require.ErrorIs(t, err, errBusiness)
-		require.Equal(t, txproducer.StateRolledBack, res.State)
-		as := b.rec.waitT(t, id, "the blocked check answers ROLLBACK", hasDecision(checkback.Rollback))
-		noUnknownPastFenceAge(t, as)
-		require.Equal(t, txlog.StateRolledBack, b.row(t, id).State)
-		b.sendMarker(t, p)
-		require.Zero(t, b.coll.Snapshot().Counts[id])
 	})
 	t.Run("fence wins", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, 1)
-		cfg := b.config()
-		id := "late-" + testenv.RandSuffix(6)
-		cfg.Test.BeforeLocalTx = func(ctx context.Context, eventID string) {
-			if eventID == id {
-				b.waitRow(t, id, txlog.StateRolledBack)
+		eachDB(t, 1, func(t *testing.T, b *bundle) {
+			cfg := b.config()
+			id := "late-" + testenv.RandSuffix(6)
+			cfg.Test.BeforeLocalTx = func(ctx context.Context, eventID string) {
+				if eventID == id {
+					b.waitRow(t, id, txlog.StateRolledBack)
+				}
 			}
-		}
-		p := startProducer(t, cfg)
-		ran := false
-		res, err := p.Send(context.Background(), b.msg(id), func(context.Context, *sqlx.Tx) error { ran = true; return nil })
-		require.ErrorIs(t, err, txproducer.ErrFenced)
-		require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(err), "a fenced id is spent")
-		require.Equal(t, txproducer.StateRolledBack, res.State)
-		require.False(t, ran, "the function must not run once fenced")
-		require.Equal(t, txlog.ByFence, b.row(t, id).ResolvedBy)
-		as := b.rec.waitT(t, id, "ROLLBACK answered", hasDecision(checkback.Rollback))
-		noUnknownPastFenceAge(t, as)
-		b.sendMarker(t, p)
-		require.Zero(t, b.coll.Snapshot().Counts[id])
-		// Retrying the spent id is refused, not silently published.
-		_, err = p.Send(context.Background(), b.msg(id), insertOrder(id))
-		require.ErrorIs(t, err, txproducer.ErrFenced)
+			p := startProducer(t, cfg)
+			ran := false
+			res, err := p.Send(context.Background(), b.msg(id), func(context.Context, *sqlx.Tx) error { ran = true; return nil })
+			require.ErrorIs(t, err, txproducer.ErrFenced)
+			require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(err), "a fenced id is spent")
+			require.Equal(t, txproducer.StateRolledBack, res.State)
+			require.False(t, ran, "the function must not run once fenced")
+			require.Equal(t, txlog.ByFence, b.row(t, id).ResolvedBy)
+			as := b.rec.waitT(t, id, "ROLLBACK answered", hasDecision(checkback.Rollback))
+			noUnknownPastFenceAge(t, as)
+			b.sendMarker(t, p)
+			require.Zero(t, b.coll.Snapshot().Counts[id])
+			// Retrying the spent id is refused, not silently published.
+			_, err = p.Send(context.Background(), b.msg(id), insertOrder(id))
+			require.ErrorIs(t, err, txproducer.ErrFenced)
+		})
 	})
 }
 
@@ -355,7 +367,10 @@ func TestLongLocalTransaction(t *testing.T) {
 // in a check's resolver is answered UNKNOWN; later sends and checks work.
 func TestPanics(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
+	eachDB(t, 1, testPanics)
+}
+
+func testPanics(t *testing.T, b *bundle) {
 	cfg := b.config()
 	resolverPanics := "resolver-panics-" + testenv.RandSuffix(6)
 	cfg.Resolver = checkback.ResolverFunc(func(_ context.Context, q checkback.Query) (checkback.Decision, error) {
@@ -413,10 +428,13 @@ func TestPanics(t *testing.T) {
 // the transaction is committing.
 func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
-	px := newProxy(t, b.s.MySQLAddr)
+	eachDB(t, 1, testDatabaseDown)
+}
+
+func testDatabaseDown(t *testing.T, b *bundle) {
+	px := newProxy(t, testenv.ServerAddr(t, b.db))
 	cfg := b.config()
-	cfg.DB = dbVia(t, b.s, testenv.DBName(t, b.db), px.addr)
+	cfg.DB = testenv.PoolVia(t, b.db, px.addr)
 	cfg.CheckTimeout = 3 * time.Second
 	p := startProducer(t, cfg)
 	ctx := context.Background()
@@ -461,7 +479,7 @@ func TestDatabaseDown(t *testing.T) {
 	require.Zero(t, snap.Counts[downAtBegin], "ghost event")
 	require.Zero(t, snap.Counts[dropped], "ghost event")
 	var orders int
-	require.NoError(t, b.db.Get(&orders, "SELECT COUNT(*) FROM orders WHERE id IN ('x1', ?)", dropped))
+	require.NoError(t, b.db.Get(&orders, b.db.Rebind("SELECT COUNT(*) FROM orders WHERE id IN ('x1', ?)"), dropped))
 	require.Zero(t, orders)
 	// A retry with the same id learns the final outcome.
 	_, err = p.Send(ctx, b.msg(dropped), insertOrder(dropped))

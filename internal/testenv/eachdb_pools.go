@@ -194,18 +194,18 @@ func ServerAddr(t testing.TB, db *sqlx.DB) string {
 // how a test sees that a statement is blocked on another transaction's row
 // before it ends that transaction. MariaDB's process list does not say
 // what a statement waits for; a statement that is still running there is
-// counted.
-func LockWaiters(t testing.TB, db *sqlx.DB, prefix string) int {
-	t.Helper()
+// counted. It returns the error instead of failing a test, for callers on
+// goroutines other than the test's (a Send's local transaction function).
+func LockWaiters(db *sqlx.DB, prefix string) (int, error) {
 	q := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND INFO LIKE ?"
 	if db.DriverName() != "mysql" {
 		q = "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1"
 	}
 	var n int
 	if err := db.Get(&n, q, prefix+"%"); err != nil {
-		t.Fatalf("testenv: lock waiters: %v", err)
+		return 0, fmt.Errorf("testenv: lock waiters: %w", err)
 	}
-	return n
+	return n, nil
 }
 
 // PGVariant opens a second pool on db's PostgreSQL database whose

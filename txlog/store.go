@@ -274,7 +274,9 @@ func (s *Store) getTx(ctx context.Context, id string) (Row, error) {
 }
 
 // Record writes r unless a row with its event id exists (an insert that
-// ignores the duplicate key, in its own autocommit statement), then reads the row back and returns it:
+// ignores the duplicate key, on its own: one statement, in a READ COMMITTED
+// transaction where the database needs one, see
+// dialect.LatestCommitted), then reads the row back and returns it:
 // the returned row, not r, is the decision. inserted reports whether r was
 // written. If a local transaction that inserted the same id is still
 // running, the INSERT waits on its row lock, so the answer is the local
@@ -284,7 +286,20 @@ func (s *Store) Record(ctx context.Context, r Row) (row Row, inserted bool, err 
 	if err != nil {
 		return Row{}, false, err
 	}
-	res, err := s.stmts.Exec(ctx, s.q.insertIgnore, a...)
+	// The insert must meet the row of a local transaction that commits while
+	// it waits (LatestCommitted: PostgreSQL's REPEATABLE READ or
+	// SERIALIZABLE session default would fail it with a serialization
+	// failure, leaving the check undecided).
+	var res sql.Result
+	err = s.d.LatestCommitted(ctx, s.db, func(ctx context.Context, e sqlx.ExtContext) error {
+		var err error
+		if tx, ok := e.(*sqlx.Tx); ok {
+			res, err = s.stmts.TxExec(ctx, tx, s.q.insertIgnore, a...)
+		} else {
+			res, err = s.stmts.Exec(ctx, s.q.insertIgnore, a...)
+		}
+		return err
+	})
 	if err != nil {
 		return Row{}, false, fmt.Errorf("txlog: record %s: %w", r.EventID, err)
 	}

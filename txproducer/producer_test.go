@@ -112,11 +112,11 @@ func TestInvalidMessagesRejectedBeforeSending(t *testing.T) {
 // rows, 1000 business rows; no ghosts, none lost.
 func TestCommits(t *testing.T) {
 	t.Parallel()
-	const total, workers = 1000, 24
 	eachDB(t, 4, testCommits)
 }
 
 func testCommits(t *testing.T, b *bundle) {
+	const total, workers = 1000, 24
 	cfg := b.config()
 	cfg.DisableRecovery = false // exercise the default wiring too
 	cfg.RecoveryStartRetry = time.Second

@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -233,18 +233,13 @@ type Config struct {
 	QueryTimeout time.Duration
 	// Resolver is asked when no row exists. Default none.
 	Resolver Resolver
-	// Metrics records answers, fences and durations. Default nil (none).
-	Metrics *metrics.Metrics
-	// Logger receives one line per fence, error and non-trivial answer.
-	// Default quiet.
-	Logger logrus.FieldLogger
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 	// OnAnswer, when set, is called after every answer, on the check
 	// goroutine; it must be fast. Default none.
 	OnAnswer func(Answer)
-	// TracerProvider traces check answers: a span (otelx.SpanCheck) that
-	// is a child of the trace context the half message carries, so it joins
-	// the trace of the Send. Default nil: no tracing, no cost.
-	TracerProvider trace.TracerProvider
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -257,7 +252,7 @@ func (c Config) WithDefaults() Config {
 	if c.QueryTimeout <= 0 {
 		c.QueryTimeout = DefaultQueryTimeout
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/otelx"
+	"github.com/rmqtx/rmqtx/observe"
 )
 
 const sendTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -30,7 +31,7 @@ func TestCheckSpanJoinsTheSendTrace(t *testing.T) {
 	log := newFakeLog()
 	body := []byte(`{"card":"4111111111111111"}`)
 	log.rows["c"] = committedRow("c", "orders", "u1", body)
-	c, err := checkback.New(checkback.Config{Log: log, Group: "g", TracerProvider: tp})
+	c, err := checkback.New(checkback.Config{Log: log, Group: "g", Observe: observe.Observe{TracerProvider: tp}})
 	require.NoError(t, err)
 
 	m := halfMessage("g", "c", "u1", body)

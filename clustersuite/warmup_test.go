@@ -15,6 +15,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
@@ -62,7 +63,7 @@ func TestWarmupOnEveryBroker(t *testing.T) {
 		l, hook := test.NewNullLogger()
 		l.SetLevel(logrus.DebugLevel)
 		p := testbed.StartProducer(t, txproducer.Config{NameServers: []string{s.NameServer}, Group: group, DB: db,
-			FenceAge: testbed.FenceAge, WarmupTopics: topics, DisableRecovery: true, Logger: l})
+			FenceAge: testbed.FenceAge, WarmupTopics: topics, DisableRecovery: true, Observe: observe.Observe{Logger: l}})
 		return p, hook
 	}
 

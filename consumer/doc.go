@@ -58,7 +58,15 @@
 //
 // Two deliveries of one event at the same moment (two instances, or a
 // redelivery racing the first attempt) serialize on the dedup row's key:
-// the second waits for the first transaction and then sees a duplicate.
+// the second waits for the first transaction and then sees a duplicate. The
+// transaction runs at the sessions' default isolation level, your handler's
+// too. On PostgreSQL at REPEATABLE READ or SERIALIZABLE, a statement that
+// waited on a row another transaction then committed fails with a
+// serialization failure (the row is newer than the transaction's
+// snapshot): the second copy is then a retry, delivered again later as a
+// duplicate, and likewise an event that waited on an earlier version of its
+// aggregate is retried. Nothing is lost or applied twice; READ COMMITTED,
+// PostgreSQL's default, decides both at once.
 //
 // Consumer wires a Processor into a rocketmq-client-go push consumer with its
 // own instance name. With BatchSize 1 (the default) a retry uses the

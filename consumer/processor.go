@@ -16,15 +16,14 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -152,15 +151,10 @@ type ProcessorConfig struct {
 	// RedactText is applied to error texts before they are logged or stored
 	// (handler errors may quote data). Default: unchanged.
 	RedactText func(string) string
-	// Metrics records counters; nil records nothing.
-	Metrics *metrics.Metrics
-	// Logger receives warnings (parked messages) and debug lines. Default quiet.
-	Logger logrus.FieldLogger
-	// TracerProvider traces Process: a consume span (otelx.SpanConsume) that
-	// is a child of the trace context the message carries (traceparent,
-	// WIRE.md), with the event id and type, the outcome and the failure
-	// class; the handler runs inside it. Default nil: no tracing, no cost.
-	TracerProvider trace.TracerProvider
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 }
 
 // RedactPayload is the default ProcessorConfig.Redact: a dead letter stores
@@ -221,7 +215,7 @@ func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 	if c.RedactText == nil {
 		c.RedactText = func(s string) string { return s }
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	return c
 }
 

@@ -9,13 +9,10 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/google/uuid"
-	"github.com/sirupsen/logrus"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
-	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -82,24 +79,16 @@ type Config struct {
 	// DefaultRetryMaxBackoff (5 s, or RetryBackoff when that is larger);
 	// must not be below RetryBackoff.
 	RetryMaxBackoff time.Duration
-	// Metrics records DiscardRecoveries, DiscardUndecided and the fences
-	// recovery writes (CheckbackFences). Default nil (none).
-	Metrics *metrics.Metrics
-	// Logger receives one line per decision and per failed attempt (Warn
-	// for the first and every 20th, Debug otherwise). Default quiet.
-	Logger logrus.FieldLogger
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 	// OnDecision, when set, is called after each attempt on a message of
 	// the group (decided or failed). Default none.
 	OnDecision func(Result)
 	// Publisher overrides the republish producer (tests, tools). Default: a
 	// producer created and owned by the Recovery.
 	Publisher Publisher
-	// TracerProvider traces republishes: a span (otelx.SpanRepublish) that
-	// is a child of the trace context stored with the txlog row (the
-	// Send's), and whose context the republished message carries. Default
-	// nil: no tracing, no cost (the stored trace context is still passed
-	// on).
-	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns a copy of c with defaults filled in.
@@ -128,7 +117,7 @@ func (c Config) WithDefaults() Config {
 	if c.RetryMaxBackoff == 0 {
 		c.RetryMaxBackoff = max(DefaultRetryMaxBackoff, c.RetryBackoff)
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	return c
 }
 

@@ -31,9 +31,7 @@ func TestHelperProcessRecovery(t *testing.T) {
 	if !testenv.IsChild(t) {
 		return // only meaningful as the child process
 	}
-	db, err := sqlx.Open("mysql", testenv.Load().DSN(os.Getenv(envRecoveryDB)))
-	require.NoError(t, err)
-	defer db.Close()
+	db := testenv.OpenDBRefEnv(t, envRecoveryDB) // either database: the parent's testenv.DBRef
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	r, err := discard.New(discard.Config{
@@ -55,7 +53,10 @@ func TestHelperProcessRecovery(t *testing.T) {
 // (its dedup absorbs the second copy).
 func TestRecoveryCrashAfterRepublish(t *testing.T) {
 	t.Parallel()
-	b := newDiscardBed(t)
+	eachDB(t, testRecoveryCrashAfterRepublish)
+}
+
+func testRecoveryCrashAfterRepublish(t *testing.T, b *discardBed) {
 	ctx := context.Background()
 	_, err := b.db.Exec("CREATE TABLE effects (event_id VARCHAR(64) NOT NULL, PRIMARY KEY (event_id))")
 	require.NoError(t, err)
@@ -63,7 +64,7 @@ func TestRecoveryCrashAfterRepublish(t *testing.T) {
 	c, err := consumer.New(consumer.Config{
 		ProcessorConfig: consumer.ProcessorConfig{Group: testenv.Name(t, "cg"), DB: b.db,
 			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
-				_, err := tx.ExecContext(ctx, "INSERT INTO effects (event_id) VALUES (?)", ev.ID)
+				_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO effects (event_id) VALUES (?)"), ev.ID)
 				return err
 			}}}},
 		NameServers: []string{b.s.NameServer}, Topic: b.topic,
@@ -74,7 +75,7 @@ func TestRecoveryCrashAfterRepublish(t *testing.T) {
 
 	id := b.sendHalf(t, commitRow)
 	testenv.Child{Test: "TestHelperProcessRecovery", Failpoint: failpoint.AfterRepublish, Timeout: 2 * discardWait, Env: []string{
-		envRecoveryDB + "=" + testenv.DBName(t, b.db), envRecoveryGroup + "=" + b.group,
+		envRecoveryDB + "=" + testenv.DBRef(t, b.db), envRecoveryGroup + "=" + b.group,
 	}}.MustCrash(t)
 
 	// The child published the event and died before marking the row.

@@ -18,6 +18,7 @@ import (
 	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
@@ -92,10 +93,21 @@ func (l *unknownListener) CheckLocalTransaction(m *primitive.MessageExt) primiti
 	return primitive.UnkonwnState
 }
 
-func newDiscardBed(t *testing.T) *discardBed {
+// eachDB runs body on a fresh discardBed on each database
+// (testenv.EachDB), the two as parallel subtests.
+func eachDB(t *testing.T, body func(t *testing.T, b *discardBed)) {
+	t.Helper()
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		body(t, newDiscardBed(t, db))
+	})
+}
+
+// newDiscardBed migrates db (a fresh database) and starts the bed's
+// producer, topic and collector.
+func newDiscardBed(t *testing.T, db *sqlx.DB) *discardBed {
 	t.Helper()
 	s := testenv.Integration(t)
-	db := testenv.DB(t)
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	require.NoError(t, schema.MigrateAll(context.Background(), db, txlog.DefaultPrefix))
@@ -345,7 +357,7 @@ func (b *discardBed) startRecovery(t *testing.T, log discard.Log, mod func(*disc
 	cfg := discard.Config{
 		NameServers: []string{b.s.NameServer}, Group: b.group, Log: log, StartRetry: 500 * time.Millisecond,
 		RetryBackoff: 50 * time.Millisecond, RetryMaxBackoff: 200 * time.Millisecond, QueryTimeout: time.Second,
-		Metrics: m, OnDecision: res.add,
+		Observe: observe.Observe{Metrics: m}, OnDecision: res.add,
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -37,54 +37,56 @@ func TestRecoveryDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	t.Run("database down for more than 16 attempts", func(t *testing.T) {
 		t.Parallel()
-		b := newDiscardBed(t)
-		proxy := testenv.NewCutProxy(t, b.s.MySQLAddr)
-		proxy.Cut()
-		viaProxy, err := txlog.New(testenv.DBVia(t, b.db, proxy.Addr()), txlog.DefaultPrefix)
-		require.NoError(t, err)
-		_, res, m := b.startRecovery(t, viaProxy, nil)
-		id := b.sendHalf(t, commitRow)
+		eachDB(t, func(t *testing.T, b *discardBed) {
+			proxy := testenv.NewCutProxy(t, testenv.ServerAddr(t, b.db))
+			proxy.Cut()
+			viaProxy, err := txlog.New(testenv.PoolVia(t, b.db, proxy.Addr()), txlog.DefaultPrefix)
+			require.NoError(t, err)
+			_, res, m := b.startRecovery(t, viaProxy, nil)
+			id := b.sendHalf(t, commitRow)
 
-		all := res.wait(t, discardWait, "more than 16 failed attempts", func(all []discard.Result) bool { return failures(all, id) > 16 })
-		require.Equal(t, 1, all[0].Attempt)
-		require.Error(t, all[0].Err, "the first attempt failed")
-		require.Equal(t, 1.0, undecided(m, b.group), "one discarded half is undecided during the outage")
-		require.Empty(t, b.row(t, id).RecoveryDecision)
-		require.Zero(t, b.coll.Snapshot().Counts[id])
+			all := res.wait(t, discardWait, "more than 16 failed attempts", func(all []discard.Result) bool { return failures(all, id) > 16 })
+			require.Equal(t, 1, all[0].Attempt)
+			require.Error(t, all[0].Err, "the first attempt failed")
+			require.Equal(t, 1.0, undecided(m, b.group), "one discarded half is undecided during the outage")
+			require.Empty(t, b.row(t, id).RecoveryDecision)
+			require.Zero(t, b.coll.Snapshot().Counts[id])
 
-		proxy.Restore()
-		back := time.Now()
-		all = res.wait(t, 60*time.Second, "republished", decided(id, txlog.RecoveryRepublished))
-		lag := time.Since(back)
-		testenv.Eventually(t, 10*time.Second, "gauge back to 0", func() bool { return undecided(m, b.group) == 0 })
-		require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "committed event lost")
-		snap := b.settle(t)
-		require.Equal(t, 1, snap.Counts[id], "delivered exactly once on the real topic")
-		got := b.coll.Message(id)
-		require.Equal(t, b.topic, got.Topic)
-		require.Equal(t, b.payload(id), got.Body)
-		require.Equal(t, "placed", got.GetTags())
-		row := b.row(t, id)
-		require.Equal(t, txlog.RecoveryRepublished, row.RecoveryDecision)
-		require.Equal(t, b.topic, all[len(all)-1].Topic)
-		t.Logf("outage: %d failed attempts, republished %s after the database came back; deliveries=%d",
-			failures(all, id), lag.Round(time.Millisecond), snap.Counts[id])
+			proxy.Restore()
+			back := time.Now()
+			all = res.wait(t, 60*time.Second, "republished", decided(id, txlog.RecoveryRepublished))
+			lag := time.Since(back)
+			testenv.Eventually(t, 10*time.Second, "gauge back to 0", func() bool { return undecided(m, b.group) == 0 })
+			require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "committed event lost")
+			snap := b.settle(t)
+			require.Equal(t, 1, snap.Counts[id], "delivered exactly once on the real topic")
+			got := b.coll.Message(id)
+			require.Equal(t, b.topic, got.Topic)
+			require.Equal(t, b.payload(id), got.Body)
+			require.Equal(t, "placed", got.GetTags())
+			row := b.row(t, id)
+			require.Equal(t, txlog.RecoveryRepublished, row.RecoveryDecision)
+			require.Equal(t, b.topic, all[len(all)-1].Topic)
+			t.Logf("outage: %d failed attempts, republished %s after the database came back; deliveries=%d",
+				failures(all, id), lag.Round(time.Millisecond), snap.Counts[id])
+		})
 	})
 	t.Run("republish fails at the first attempt", func(t *testing.T) {
 		t.Parallel()
-		b := newDiscardBed(t)
-		pub := &failFirstPublisher{p: testenv.Producer(t)}
-		_, res, m := b.startRecovery(t, b.store, func(c *discard.Config) { c.Publisher = pub })
-		id := b.sendHalf(t, commitRow)
+		eachDB(t, func(t *testing.T, b *discardBed) {
+			pub := &failFirstPublisher{p: testenv.Producer(t)}
+			_, res, m := b.startRecovery(t, b.store, func(c *discard.Config) { c.Publisher = pub })
+			id := b.sendHalf(t, commitRow)
 
-		all := res.wait(t, discardWait, "republished", decided(id, txlog.RecoveryRepublished))
-		require.Error(t, all[0].Err, "the first republish failed")
-		require.ErrorContains(t, all[0].Err, "injected")
-		require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "committed event lost")
-		snap := b.settle(t)
-		require.Equal(t, 1, snap.Counts[id], "delivered exactly once on the real topic")
-		require.Equal(t, b.topic, b.coll.Message(id).Topic)
-		testenv.Eventually(t, 10*time.Second, "gauge back to 0", func() bool { return undecided(m, b.group) == 0 })
+			all := res.wait(t, discardWait, "republished", decided(id, txlog.RecoveryRepublished))
+			require.Error(t, all[0].Err, "the first republish failed")
+			require.ErrorContains(t, all[0].Err, "injected")
+			require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "committed event lost")
+			snap := b.settle(t)
+			require.Equal(t, 1, snap.Counts[id], "delivered exactly once on the real topic")
+			require.Equal(t, b.topic, b.coll.Message(id).Topic)
+			testenv.Eventually(t, 10*time.Second, "gauge back to 0", func() bool { return undecided(m, b.group) == 0 })
+		})
 	})
 }
 
@@ -107,7 +109,10 @@ func (f *failFirstPublisher) SendSync(ctx context.Context, msgs ...*primitive.Me
 // record the retry topic.
 func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 	t.Parallel()
-	b := newDiscardBed(t)
+	eachDB(t, testRecoveryOfRedeliveredHalves)
+}
+
+func testRecoveryOfRedeliveredHalves(t *testing.T, b *discardBed) {
 	committed := b.sendHalf(t, commitRow)
 	missing := b.sendHalf(t, noRow)
 	recoveryGroup := b.group + "-recovery"
@@ -191,7 +196,10 @@ func TestRecoveryOfRedeliveredHalves(t *testing.T) {
 // delivered on the real topic.
 func TestRecoveryFenceDropNoPayload(t *testing.T) {
 	t.Parallel()
-	b := newDiscardBed(t)
+	eachDB(t, testRecoveryFenceDropNoPayload)
+}
+
+func testRecoveryFenceDropNoPayload(t *testing.T, b *discardBed) {
 	retryTopic := "%RETRY%" + b.group + "-recovery"
 	_, err := remoting.MasterBrokers(context.Background(), []string{b.s.NameServer}, 0, retryTopic)
 	require.ErrorIs(t, err, remoting.ErrTopicNotFound, "precondition: a new group has no retry topic")
@@ -251,7 +259,10 @@ func TestRecoveryFenceDropNoPayload(t *testing.T) {
 // recorded on the row, logged and counted, without the payload.
 func TestRecoveryDropsLosingHalf(t *testing.T) {
 	t.Parallel()
-	b := newDiscardBed(t)
+	eachDB(t, testRecoveryDropsLosingHalf)
+}
+
+func testRecoveryDropsLosingHalf(t *testing.T, b *discardBed) {
 	_, res, m := b.startRecovery(t, b.store, nil)
 	id, winner, loser := b.sendRacingHalves(t)
 	require.True(t, b.coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[id] > 0 }), "the winner's commit is on the topic")

@@ -12,12 +12,9 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/sirupsen/logrus"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
-	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 )
 
 // Config configures a Dispatcher. Zero values take the documented defaults.
@@ -71,25 +68,16 @@ type Config struct {
 	// OutboxOldestAge) are refreshed from the table when Metrics is set.
 	// Default 15s.
 	MetricsInterval time.Duration
-	// Metrics records claims, sends, lease takeovers and the backlog. nil
-	// records nothing.
-	Metrics *metrics.Metrics
-	// Logger receives warnings (lost leases, DEAD rows, database errors).
-	// Default: quiet. Payloads are never logged.
-	Logger logrus.FieldLogger
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 	// Redact is applied to every error message before it is logged or
 	// stored in last_error_message. Default: unchanged.
 	Redact func(string) string
 	// OnOutcome, when set, is called after each row's outcome is recorded
 	// (or found lost). It runs on the send goroutine: keep it fast.
 	OnOutcome func(Outcome)
-	// TracerProvider traces every send: a dispatch span (otelx.SpanDispatch)
-	// that is a child of the trace context the row was enqueued with, and
-	// whose context the message carries (Message.SpanContext; RocketMQSink
-	// writes it as traceparent, WIRE.md), so the consumer's span joins the
-	// trace. Default nil: no tracing, no cost; a trace context stored by
-	// Enqueue is then passed on unchanged.
-	TracerProvider trace.TracerProvider
 }
 
 // Outcome reports what happened to one claimed row.
@@ -162,7 +150,7 @@ func (c Config) WithDefaults() Config {
 	if c.MetricsInterval <= 0 {
 		c.MetricsInterval = 15 * time.Second
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	if c.Redact == nil {
 		c.Redact = func(s string) string { return s }
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 )
 
 const (
@@ -137,7 +138,7 @@ func runCrash(t *testing.T, b *bed, mode, fp string) {
 	require.NoError(t, err)
 	sink := counting(b.sink(t))
 	start := time.Now()
-	d := b.dispatcher(t, Config{Sink: sink, Name: "survivor", PollInterval: 100 * time.Millisecond, Metrics: m})
+	d := b.dispatcher(t, Config{Sink: sink, Name: "survivor", PollInterval: 100 * time.Millisecond, Observe: observe.Observe{Metrics: m}})
 	b.waitStatus(t, StatusSent, n, time.Minute)
 	took := time.Since(start)
 	snap := col.WaitDistinct(t, n, time.Minute)

@@ -25,6 +25,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -235,7 +236,7 @@ func runRace(t *testing.T, b *bed, held bool) {
 	start := time.Now()
 	for i, s := range use {
 		ds = append(ds, b.dispatcher(t, Config{Sink: s, Name: fmt.Sprintf("race-%d", i), BatchSize: 32,
-			Concurrency: 16, PollInterval: 200 * time.Millisecond, Metrics: m, MetricsInterval: 100 * time.Millisecond,
+			Concurrency: 16, PollInterval: 200 * time.Millisecond, Observe: observe.Observe{Metrics: m}, MetricsInterval: 100 * time.Millisecond,
 			OnOutcome: onOutcome}))
 	}
 	b.waitStatus(t, StatusSent, n, 3*time.Minute)
@@ -405,7 +406,7 @@ func testPermanentErrorsGoDeadAtOnce(t *testing.T, b *bed) {
 	require.NoError(t, err)
 	sink := counting(b.sink(t))
 	d := b.dispatcher(t, Config{Sink: sink, PollInterval: 20 * time.Millisecond, BackoffBase: time.Millisecond,
-		BackoffMax: 10 * time.Millisecond, MaxRetries: 50, Metrics: m})
+		BackoffMax: 10 * time.Millisecond, MaxRetries: 50, Observe: observe.Observe{Metrics: m}})
 	b.waitStatus(t, StatusDead, len(bad), time.Minute)
 
 	good := b.enqueue(t, events(topic, 1)...)

@@ -7,13 +7,10 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/sirupsen/logrus"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
-	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -73,18 +70,10 @@ type Config struct {
 	MaxMessages int
 	// SendTimeout bounds one send. Default 5s.
 	SendTimeout time.Duration
-	// Metrics records rmqtx_replay_messages_total and rmqtx_replay_rate_limit;
-	// nil records nothing.
-	Metrics *metrics.Metrics
-	// Logger receives one line per run and warnings. Default quiet. Payloads
-	// are never logged.
-	Logger logrus.FieldLogger
-	// TracerProvider traces each replayed message: a span (otelx.SpanReplay)
-	// that is a child of Replay's ctx, linked to the trace the message first
-	// belonged to, and whose context the replayed message carries (so the
-	// consumer's span joins it). Default nil: no tracing, no cost (the
-	// message keeps the trace context it was parked with).
-	TracerProvider trace.TracerProvider
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 	// Test holds test-only hooks. Leave zero in production.
 	Test TestConfig
 }
@@ -122,7 +111,7 @@ func (c Config) WithDefaults() Config {
 	if c.SendTimeout == 0 {
 		c.SendTimeout = 5 * time.Second
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	return c
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/replay"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -47,7 +48,7 @@ func testReplayEndToEnd(t *testing.T, db *sqlx.DB) {
 	var fixed atomic.Bool
 	c, err := consumer.New(consumer.Config{
 		// Replay needs the stored payload: dead letters keep none by default.
-		ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Metrics: m, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
+		ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Observe: observe.Observe{Metrics: m}, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
 			"OrderPaid": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
 				if !fixed.Load() {
 					return consumer.Permanent(errors.New("downstream rejects the order"))
@@ -77,7 +78,7 @@ func testReplayEndToEnd(t *testing.T, db *sqlx.DB) {
 	require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE consumer_group = ?", group), "a parked event has no dedup row")
 
 	fixed.Store(true)
-	r := newReplayer(t, replay.Config{DB: db, NameServers: []string{s.NameServer}, Metrics: m, Rate: 50, Batch: 2,
+	r := newReplayer(t, replay.Config{DB: db, NameServers: []string{s.NameServer}, Observe: observe.Observe{Metrics: m}, Rate: 50, Batch: 2,
 		Group: testenv.Name(t, "replay"), InstanceName: testenv.Name(t, "replayinst")})
 	rep, err := r.Replay(ctx, replay.Request{Selector: replay.Selector{ConsumerGroup: group}, Operator: "alice", Reason: "handler fixed in v1.2.3"})
 	require.NoError(t, err)

@@ -8,15 +8,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
-	"github.com/sirupsen/logrus"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
-	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -128,18 +125,10 @@ type Config struct {
 	DisableRecovery bool
 	// RecoveryStartRetry: see discard.Config.StartRetry. Default 5 s.
 	RecoveryStartRetry time.Duration
-	// Metrics records sends, check answers, fences and recoveries. Default nil.
-	Metrics *metrics.Metrics
-	// TracerProvider traces Send (spans otelx.SpanSend, SpanHalfSend,
-	// SpanLocalTx; the caller's function runs inside the local-transaction
-	// span), the check answers and discard recovery's republishes, and puts
-	// the Send's trace context on the message (properties traceparent and
-	// tracestate, WIRE.md) so that the consumer's span joins its trace.
-	// Default nil: no tracing, no cost.
-	TracerProvider trace.TracerProvider
-	// Logger for the producer, its checks and rocketmq-client-go's global
-	// logger (installed once per process). Default quiet.
-	Logger logrus.FieldLogger
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 	// OnCheck, when set, is called after every check answer. Default none.
 	OnCheck func(checkback.Answer)
 	// OnRecovery, when set, is called after every recovery decision. Default none.
@@ -192,7 +181,7 @@ func (c Config) WithDefaults() Config {
 	if c.RecoveryStartRetry <= 0 {
 		c.RecoveryStartRetry = discard.DefaultStartRetry
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	return c
 }
 

@@ -74,8 +74,7 @@ func New(cfg Config) (*Producer, error) {
 	}
 	checker, err := checkback.New(checkback.Config{
 		Log: store, Group: cfg.Group, FenceAge: cfg.FenceAge, QueryTimeout: cfg.CheckTimeout,
-		Resolver: cfg.Resolver, Metrics: cfg.Metrics, Logger: cfg.Logger, OnAnswer: cfg.OnCheck,
-		TracerProvider: cfg.TracerProvider,
+		Resolver: cfg.Resolver, OnAnswer: cfg.OnCheck, Observe: cfg.Observe,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("txproducer: %w", err)
@@ -86,8 +85,7 @@ func New(cfg Config) (*Producer, error) {
 			NameServers: cfg.NameServers, Group: cfg.Group, Log: store,
 			InstanceName: cfg.InstanceName + "-recovery", StartRetry: cfg.RecoveryStartRetry,
 			SendTimeout: cfg.SendTimeout, QueryTimeout: cfg.CheckTimeout,
-			Metrics: cfg.Metrics, Logger: cfg.Logger, OnDecision: cfg.OnRecovery,
-			TracerProvider: cfg.TracerProvider,
+			OnDecision: cfg.OnRecovery, Observe: cfg.Observe,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("txproducer: %w", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
@@ -142,7 +143,7 @@ func TestStartChecksFenceAgeAgainstEachBroker(t *testing.T) {
 	config := func(fenceAge time.Duration, disableRecovery bool, l logrus.FieldLogger) txproducer.Config {
 		return txproducer.Config{
 			NameServers: []string{cluster.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
-			FenceAge: fenceAge, DisableRecovery: disableRecovery, RecoveryStartRetry: time.Second, Logger: l,
+			FenceAge: fenceAge, DisableRecovery: disableRecovery, RecoveryStartRetry: time.Second, Observe: observe.Observe{Logger: l},
 		}
 	}
 	// requireFor asserts e is the finding for the broker at addr.

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
 )
@@ -201,7 +202,7 @@ func outboxDispatch(ctx context.Context, e *Env, index int, evs []outbox.Event, 
 	for _, s := range sinks {
 		d, err := outbox.NewDispatcher(outbox.Config{
 			DB: e.DB, TablePrefix: prefix, Sink: s, Concurrency: conc,
-			Name: fmt.Sprintf("bench-%d-%s", len(ds), randHex(4)), OnOutcome: onOutcome, Metrics: m,
+			Name: fmt.Sprintf("bench-%d-%s", len(ds), randHex(4)), OnOutcome: onOutcome, Observe: observe.Observe{Metrics: m},
 		})
 		if err != nil {
 			return Round{}, err

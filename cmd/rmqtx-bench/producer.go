@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
@@ -373,7 +374,7 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 		Log:                   store,
 		WarmupTopics:          []string{topic},
 		DisablePayloadStorage: e.Opt.NoPayload,
-		TracerProvider:        tp,
+		Observe:               observe.Observe{TracerProvider: tp},
 	})
 	if err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -336,7 +337,7 @@ func (a *app) start(ctx context.Context) error {
 			DB: cfg.DB, TablePrefix: strings.TrimSuffix(t.Name(), "outbox"), Sink: sink, Name: name,
 			PollInterval: 200 * time.Millisecond, LeaseDuration: 15 * time.Second,
 			BackoffBase: 100 * time.Millisecond, BackoffMax: backoffMax, MaxRetries: 100,
-			Logger: libLog,
+			Observe: observe.Observe{Logger: libLog},
 		})
 		if err != nil {
 			return nil, err
@@ -401,7 +402,7 @@ func (a *app) start(ctx context.Context) error {
 		c, err := consumer.New(consumer.Config{
 			ProcessorConfig: consumer.ProcessorConfig{
 				Group: group, DB: cfg.DB, TablePrefix: rmqtxPrefix, Routes: routes,
-				VersionMode: consumer.VersionMonotonic, Logger: libLog,
+				VersionMode: consumer.VersionMonotonic, Observe: observe.Observe{Logger: libLog},
 			},
 			NameServers: cfg.NameServers, Topic: topic, Goroutines: 8,
 		})
@@ -433,7 +434,7 @@ func (a *app) newProducer(ctx context.Context) (*txproducer.Producer, error) {
 		NameServers: a.cfg.NameServers, Group: a.names.ProducerGroup, DB: a.cfg.DB, TablePrefix: rmqtxPrefix,
 		FenceAge: a.cfg.FenceAge, LocalTxTimeout: a.cfg.FenceAge * 3 / 4,
 		WarmupTopics: []string{a.names.PaymentTopic},
-		Logger:       a.cfg.LibLog,
+		Observe:      observe.Observe{Logger: a.cfg.LibLog},
 		OnCheck:      func(checkback.Answer) { a.checks.Add(1) },
 	})
 	if err != nil {

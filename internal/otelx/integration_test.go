@@ -17,6 +17,7 @@ import (
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -141,7 +142,7 @@ func startConsumer(t *testing.T, db *sqlx.DB, topic string, tp trace.TracerProvi
 	s := testenv.Integration(t)
 	c, err := consumer.New(consumer.Config{
 		ProcessorConfig: consumer.ProcessorConfig{
-			Group: testenv.Name(t, "cg"), DB: db, TracerProvider: tp,
+			Group: testenv.Name(t, "cg"), DB: db, Observe: observe.Observe{TracerProvider: tp},
 			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: h.handler}},
 		},
 		NameServers: []string{s.NameServer},
@@ -186,7 +187,7 @@ func TestTraceSendToHandlerAcrossBroker(t *testing.T) {
 	var once sync.Once
 	p, err := txproducer.New(txproducer.Config{
 		NameServers: []string{s.NameServer}, Group: testenv.Name(t, "pg"), DB: db,
-		WarmupTopics: []string{topic}, DisableRecovery: true, TracerProvider: tp,
+		WarmupTopics: []string{topic}, DisableRecovery: true, Observe: observe.Observe{TracerProvider: tp},
 		FenceAge: 4 * time.Second, // fits the test bed's short check settings
 		OnCheck: func(a checkback.Answer) {
 			if a.EventID == id {
@@ -304,7 +305,7 @@ func TestTraceOutboxToHandlerAcrossBroker(t *testing.T) {
 	sink, err := outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: []string{s.NameServer}, Group: testenv.Name(t, "ob")})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sink.Close() })
-	d, err := outbox.NewDispatcher(outbox.Config{DB: db, Sink: sink, TracerProvider: tp, PollInterval: 100 * time.Millisecond})
+	d, err := outbox.NewDispatcher(outbox.Config{DB: db, Sink: sink, Observe: observe.Observe{TracerProvider: tp}, PollInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, d.Start(context.Background()))
 	t.Cleanup(func() { _ = d.Close() })

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
@@ -222,7 +223,7 @@ func TestRealRollbackLeaksNoPayload(t *testing.T) {
 	testenv.CreateTopic(t, topic, 1)
 
 	p, err := txproducer.New(txproducer.Config{NameServers: []string{s.NameServer}, Group: testenv.Name(t, "ptx"), DB: db,
-		Logger: l, DisableRecovery: true, FenceAge: 4 * time.Second, LocalTxTimeout: 3 * time.Second}) // fits the test broker's check timing
+		Observe: observe.Observe{Logger: l}, DisableRecovery: true, FenceAge: 4 * time.Second, LocalTxTimeout: 3 * time.Second}) // fits the test broker's check timing
 	require.NoError(t, err)
 	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 	require.NoError(t, p.Start(ctx))

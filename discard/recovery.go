@@ -21,6 +21,7 @@ import (
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
+	"github.com/rmqtx/rmqtx/internal/pushstop"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
@@ -83,6 +84,7 @@ type Recovery struct {
 	pub      Publisher
 	ownPub   rocketmq.Producer
 	pc       rocketmq.PushConsumer
+	gate     *pushstop.Gate // stops pc's delivery before pc shuts down
 	attempt  int
 	busy     map[string]chan struct{} // event ids being decided in this process
 	inflight sync.WaitGroup           // consume callbacks running
@@ -187,6 +189,11 @@ func (r *Recovery) subscribe() error {
 		return errStopped
 	}
 	r.attempt++
+	// The gate stops delivery before the client shuts down: the upstream
+	// client's Shutdown can close a pull queue's channel that a pull
+	// goroutine still sends on (apache/rocketmq-client-go#1051), a panic
+	// with no recover.
+	gate := pushstop.New(r.cfg.ConsumerGroup, r.cfg.NameServers)
 	pc, err := rocketmq.NewPushConsumer(
 		consumer.WithGroupName(r.cfg.ConsumerGroup),
 		consumer.WithInstance(fmt.Sprintf("%s-%d", r.cfg.InstanceName, r.attempt)),
@@ -195,11 +202,12 @@ func (r *Recovery) subscribe() error {
 		consumer.WithConsumeMessageBatchMaxSize(1),
 		consumer.WithMaxReconsumeTimes(maxReconsumeTimes),
 		consumer.WithConsumeTimeout(consumeTimeout),
+		gate.Option(),
 	)
 	if err != nil {
 		return fmt.Errorf("discard: consumer: %w", err)
 	}
-	if err := pc.Subscribe(Topic, consumer.MessageSelector{}, r.consume); err != nil {
+	if err := pc.Subscribe(Topic, consumer.MessageSelector{}, gate.Wrap(r.consume)); err != nil {
 		_ = pc.Shutdown() // never started: no queue is being pulled
 		return fmt.Errorf("discard: subscribe: %w", err)
 	}
@@ -207,7 +215,7 @@ func (r *Recovery) subscribe() error {
 		// Start shuts the consumer down itself when the topic has no route.
 		return fmt.Errorf("discard: consumer start: %w", err)
 	}
-	r.pc = pc
+	r.pc, r.gate = pc, gate
 	return nil
 }
 
@@ -578,11 +586,8 @@ func (r *Recovery) Shutdown(ctx context.Context) error {
 	}
 	var errs []error
 	if r.pc != nil {
-		// TODO(pushstop): stop the push consumer through the safe-shutdown
-		// helper for push consumers (upstream client panic #1051: Shutdown
-		// closes a pull queue's channel that a pull goroutine may still
-		// send on) once it exists; this is the plain client call.
-		if err := r.pc.Shutdown(); err != nil {
+		// Delivery stops first, then the client shuts down (pushstop).
+		if err := r.gate.Shutdown(ctx, r.pc); err != nil {
 			errs = append(errs, err)
 		}
 	}

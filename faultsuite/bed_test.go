@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/rmqtx/rmqtx/internal/testbed"
+	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
 // bed is one scenario's world (internal/testbed), with the fault suite's
@@ -13,3 +14,23 @@ import (
 type bed struct{ *testbed.Bed }
 
 func newBed(t *testing.T, name string) *bed { return &bed{suite.NewBed(t, name)} }
+
+// newBedOn is newBed on the database server kind (testenv.DBMySQL,
+// testenv.DBPostgres).
+func newBedOn(t *testing.T, name, kind string) *bed { return &bed{suite.NewBedOn(t, name, kind)} }
+
+// databases are the servers eachDB runs a scenario on, in order.
+var databases = []string{testenv.DBMySQL, testenv.DBPostgres}
+
+// eachDB runs body once per database server as parallel subtests named
+// after the server ("mysql", "postgres"), each with a bed of its own, so one
+// test body proves the invariants on both and the summary shows each.
+func eachDB(t *testing.T, name string, body func(t *testing.T, b *bed)) {
+	t.Helper()
+	for _, kind := range databases {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			body(t, newBedOn(t, name, kind))
+		})
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 
@@ -52,8 +51,7 @@ func TestHelperProcess(t *testing.T) {
 	}
 	role := os.Getenv(envRole)
 	s := testenv.Load()
-	db, err := sqlx.Open("mysql", s.DSN(os.Getenv(envDB)))
-	require.NoError(t, err)
+	db := testenv.OpenDBRefEnv(t, envDB) // "mysql/<name>" or "postgres/<name>"
 	topic, name := os.Getenv(envTopic), os.Getenv(envName)
 	ctx := context.Background()
 	switch role {
@@ -89,7 +87,7 @@ func TestHelperProcess(t *testing.T) {
 // failpoint's SIGKILL.
 func (b *bed) crashChild(role, fp, name, eventID string) error {
 	_, err := testenv.Child{Test: "TestHelperProcess", Failpoint: fp, Timeout: childWatchdog + 30*time.Second, Env: []string{
-		envRole + "=" + role, envDB + "=" + b.DBName, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envCGroup + "=" + b.CGroup,
+		envRole + "=" + role, envDB + "=" + b.DBRef, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envCGroup + "=" + b.CGroup,
 		envEventID + "=" + eventID, envName + "=" + name,
 	}}.Crash(context.Background())
 	if err != nil {
@@ -117,9 +115,21 @@ type crashJob struct {
 // them (after a send: delivered twice, applied once). A consumer killed after
 // its commit and before its ACK gets the message redelivered to the
 // survivor: a dedup hit.
+//
+// It runs on MariaDB and on PostgreSQL (subtests "mysql" and "postgres"),
+// the crash children opening the subtest's database; childSlots bounds the
+// children of both together.
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
-	b := newBed(t, "crash-matrix")
+	eachDB(t, "crash-matrix", crashMatrix)
+}
+
+// childSlots bounds the crash children running at once, over every
+// database's crash matrix: each is a -race test binary with its own
+// RocketMQ client, on a 2-core machine.
+var childSlots = make(chan struct{}, 3)
+
+func crashMatrix(t *testing.T, b *bed) {
 	p := b.StartProducer(t, "parent", nil)
 	b.StartConsumer(t, "parent")
 	// The parent's dispatcher polls slowly and is never notified, so the
@@ -152,21 +162,20 @@ func TestCrashMatrix(t *testing.T) {
 		)
 	}
 
-	// Run the subprocesses, three at a time.
+	// Run the subprocesses, three at a time (over both databases).
 	var (
 		mu       sync.Mutex
 		failures []string
 		held     = map[string]int{} // outbox failpoint -> SENDING rows left by the killed dispatchers (none with held claims)
 		wg       sync.WaitGroup
-		sem      = make(chan struct{}, 3)
 	)
 	start := time.Now()
 	for _, j := range jobs {
 		wg.Add(1)
-		sem <- struct{}{}
+		childSlots <- struct{}{}
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
+			defer func() { <-childSlots }()
 			if err := b.crashChild(j.role, j.fp, j.name, j.id); err != nil {
 				mu.Lock()
 				failures = append(failures, err.Error())
@@ -175,7 +184,7 @@ func TestCrashMatrix(t *testing.T) {
 			}
 			if j.role == roleOutbox {
 				var n int
-				_ = b.DB.Get(&n, "SELECT COUNT(*) FROM "+b.Obx.Name()+" WHERE status = 'SENDING' AND owner_token LIKE ?", j.name+".%")
+				_ = b.DB.Get(&n, b.DB.Rebind("SELECT COUNT(*) FROM "+b.Obx.Name()+" WHERE status = 'SENDING' AND owner_token LIKE ?"), j.name+".%")
 				mu.Lock()
 				held[j.fp] += n
 				mu.Unlock()

@@ -24,7 +24,7 @@ import (
 // they succeed again; nothing committed is lost, nothing rolled back is
 // delivered, nothing is applied twice.
 func TestRestartBroker(t *testing.T) {
-	restartUnderLoad(t, "broker-restart", "broker",
+	restartUnderLoad(t, "broker-restart", "broker", testenv.DBMySQL,
 		func() { suite.MustService(t, "kill9", "broker") },
 		func() { suite.MustComeBack(t, "broker") })
 }
@@ -33,14 +33,26 @@ func TestRestartBroker(t *testing.T) {
 // runs. Sends fail with txproducer.ErrDatabase (or ErrCommitUnknown, or
 // ErrSend when a check-back could not answer); the txlog decides each one.
 func TestRestartMariaDB(t *testing.T) {
-	restartUnderLoad(t, "mariadb-restart", "mariadb",
+	restartUnderLoad(t, "mariadb-restart", "mariadb", testenv.DBMySQL,
 		func() { suite.MustService(t, "down", "mariadb") },
 		func() { suite.MustComeBack(t, "mariadb") })
 }
 
-func restartUnderLoad(t *testing.T, name, service string, fault, recover func()) {
+// TestRestartPostgreSQL is TestRestartMariaDB on PostgreSQL, with the
+// harsher stop PostgreSQL offers cheaply: immediate (SIGQUIT to the
+// postmaster, as `pg_ctl stop -m immediate`), which ends every session
+// without a checkpoint, so the restart replays the WAL as after a crash.
+func TestRestartPostgreSQL(t *testing.T) {
+	restartUnderLoad(t, "postgres-restart", "postgres", testenv.DBPostgres,
+		func() { suite.StopPostgresImmediate(t) },
+		func() { suite.MustComeBack(t, "postgres") })
+}
+
+// restartUnderLoad runs a load on a bed on the database server kind, stops
+// service with fault, and starts it again with recover.
+func restartUnderLoad(t *testing.T, name, service, kind string, fault, recover func()) {
 	testenv.Integration(t) // skips under -short
-	b := newBed(t, name)
+	b := newBedOn(t, name, kind)
 	// Whatever happens, leave the service running for the next tests.
 	suite.KeepUp(t, service)
 	p1, p2 := b.StartProducer(t, "p1", nil), b.StartProducer(t, "p2", nil)
@@ -91,7 +103,7 @@ func restartUnderLoad(t *testing.T, name, service string, fault, recover func())
 	switch service {
 	case "broker":
 		require.Positive(t, errs["ErrSend"], "a broker outage surfaces as txproducer.ErrSend: %v", errs)
-	case "mariadb":
+	case "mariadb", "postgres":
 		require.Positive(t, errs["ErrDatabase"]+errs["ErrCommitUnknown"]+errs["outbox enqueue (database)"], "a database outage surfaces as txproducer.ErrDatabase or ErrCommitUnknown: %v", errs)
 	}
 	b.Sc.Note("%s stopped, usable again (script returned) after %s: attempts before/in that window/after %d/%d/%d; %d errors during the outage; %d committed after the restart",

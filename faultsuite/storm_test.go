@@ -31,9 +31,14 @@ const (
 // on the same database) process the very same message at the same instant;
 // every tenth event races two payloads under one id (a protocol conflict).
 // Each event has exactly one effect; conflicts are parked, never applied.
+//
+// It runs on MariaDB and on PostgreSQL (subtests "mysql" and "postgres").
 func TestDuplicateStorm(t *testing.T) {
 	t.Parallel()
-	b := newBed(t, "duplicate-storm")
+	eachDB(t, "duplicate-storm", duplicateStorm)
+}
+
+func duplicateStorm(t *testing.T, b *bed) {
 	for i := 0; i < stormInstances; i++ {
 		b.StartConsumer(t, fmt.Sprintf("storm-%d", i))
 	}
@@ -159,7 +164,7 @@ func TestDuplicateStorm(t *testing.T) {
 func insertOrders(t *testing.T, b *bed, ids []string, source string) {
 	t.Helper()
 	for _, id := range ids {
-		_, err := b.DB.Exec("INSERT INTO orders (event_id, source) VALUES (?, ?)", id, source)
+		_, err := b.DB.Exec(b.DB.Rebind("INSERT INTO orders (event_id, source) VALUES (?, ?)"), id, source)
 		require.NoError(t, err)
 	}
 }

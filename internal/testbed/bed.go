@@ -3,6 +3,7 @@ package testbed
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,10 +43,15 @@ var ErrBusiness = errors.New("testbed: business rule says no")
 // besides the txlog); effects is written by the consumers' handler and has
 // no unique key, so a double effect shows.
 type Bed struct {
-	Suite   *Suite
-	S       testenv.Settings
-	DB      *sqlx.DB
-	DBName  string
+	Suite  *Suite
+	S      testenv.Settings
+	DB     *sqlx.DB
+	DBName string
+	// Kind is the bed's database server (testenv.DBMySQL or
+	// testenv.DBPostgres), and DBRef names its database on that server for a
+	// crash child (testenv.OpenDBRef).
+	Kind    string
+	DBRef   string
 	Topic   string
 	PGroup  string
 	CGroup  string
@@ -86,33 +92,50 @@ type Answer struct {
 	At       time.Time
 }
 
-// NewBed builds a scenario's world; its figures join the suite's summary
-// when t ends, verified or not.
+// NewBed builds a scenario's world on the database testenv.DB picks
+// (MariaDB, or PostgreSQL with RMQTX_TEST_DB=postgres); its figures join
+// the suite's summary when t ends, verified or not.
 func (s *Suite) NewBed(t *testing.T, name string) *Bed {
+	t.Helper()
+	return s.NewBedOn(t, name, "")
+}
+
+// NewBedOn is NewBed on the database server kind (testenv.DBMySQL or
+// testenv.DBPostgres; "" picks as NewBed does). The scenario's figures are
+// reported under that database, so one test body run on both shows both.
+func (s *Suite) NewBedOn(t *testing.T, name, kind string) *Bed {
 	t.Helper()
 	env := testenv.Integration(t)
 	require.NotNil(t, s.private, "the suite's tests need its private services (started by TestMain)")
-	db := testenv.DB(t)
+	var db *sqlx.DB
+	switch kind {
+	case "":
+		db = testenv.DB(t)
+	case testenv.DBMySQL:
+		db = testenv.MySQLDB(t)
+	case testenv.DBPostgres:
+		db = testenv.PostgresDB(t)
+	default:
+		t.Fatalf("testbed: unknown database %q", kind)
+	}
 	db.SetMaxOpenConns(s.cfg.DBConns)
 	db.SetMaxIdleConns(s.cfg.DBConns)
+	ref := testenv.DBRef(t, db)
+	kind, _, _ = strings.Cut(ref, "/")
 	ctx := context.Background()
 	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 	store, err := txlog.New(db, txlog.DefaultPrefix)
 	require.NoError(t, err)
 	obx, err := outbox.NewTable("")
 	require.NoError(t, err)
-	for _, q := range []string{
-		`CREATE TABLE orders (event_id VARCHAR(64) NOT NULL PRIMARY KEY, source VARCHAR(32) NOT NULL)`,
-		`CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, consumer VARCHAR(64) NOT NULL,
-			agg VARCHAR(64) NOT NULL DEFAULT '', ver BIGINT NOT NULL DEFAULT 0, KEY (event_id))`,
-	} {
+	for _, q := range businessTables[kind] {
 		_, err := db.ExecContext(ctx, q)
 		require.NoError(t, err)
 	}
 	b := &Bed{
-		Suite: s, S: env, DB: db, DBName: testenv.DBName(t, db), Store: store, Obx: obx,
+		Suite: s, S: env, DB: db, DBName: testenv.DBName(t, db), Kind: kind, DBRef: ref, Store: store, Obx: obx,
 		Topic: testenv.Name(t, "topic"), PGroup: testenv.Name(t, "pg"), CGroup: testenv.Name(t, "cg"),
-		Sc: &Scenario{Name: name}, Started: time.Now(),
+		Sc: &Scenario{Name: name, DB: kind}, Started: time.Now(),
 		attempts: map[string]*Attempt{}, answers: map[string][]Answer{}, recovered: map[string][]discard.Result{},
 		sendErrs: map[string]int{}, published: map[string]bool{}, direct: map[string]bool{},
 	}
@@ -124,6 +147,23 @@ func (s *Suite) NewBed(t *testing.T, name string) *Bed {
 		s.Report.Add(b.Sc)
 	})
 	return b
+}
+
+// businessTables are the bed's two business tables, per database server:
+// orders (the producer's truth besides the txlog) and effects (no unique
+// key on event_id, so a double effect shows).
+var businessTables = map[string][]string{
+	testenv.DBMySQL: {
+		`CREATE TABLE orders (event_id VARCHAR(64) NOT NULL PRIMARY KEY, source VARCHAR(32) NOT NULL)`,
+		`CREATE TABLE effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id VARCHAR(64) NOT NULL, consumer VARCHAR(64) NOT NULL,
+			agg VARCHAR(64) NOT NULL DEFAULT '', ver BIGINT NOT NULL DEFAULT 0, KEY (event_id))`,
+	},
+	testenv.DBPostgres: {
+		`CREATE TABLE orders (event_id VARCHAR(64) NOT NULL PRIMARY KEY, source VARCHAR(32) NOT NULL)`,
+		`CREATE TABLE effects (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_id VARCHAR(64) NOT NULL, consumer VARCHAR(64) NOT NULL,
+			agg VARCHAR(64) NOT NULL DEFAULT '', ver BIGINT NOT NULL DEFAULT 0)`,
+		`CREATE INDEX effects_event_id ON effects (event_id)`,
+	},
 }
 
 // ---------- producers ----------
@@ -188,7 +228,7 @@ func StartProducer(t *testing.T, cfg txproducer.Config) *txproducer.Producer {
 // InsertOrder is the business part of every local transaction.
 func InsertOrder(id, source string, rollback bool) txproducer.LocalTxFunc {
 	return func(ctx context.Context, tx *sqlx.Tx) error {
-		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (event_id, source) VALUES (?, ?)", id, source); err != nil {
+		if _, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO orders (event_id, source) VALUES (?, ?)"), id, source); err != nil {
 			return err
 		}
 		if rollback {
@@ -332,7 +372,7 @@ func (b *Bed) EnqueueOutbox(ctx context.Context, e outbox.Event, rollback bool, 
 			return err
 		}
 		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (event_id, source) VALUES (?, ?)", e.EventID, "outbox"); err != nil {
+		if _, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO orders (event_id, source) VALUES (?, ?)"), e.EventID, "outbox"); err != nil {
 			return err
 		}
 		if _, err := b.Obx.Enqueue(ctx, tx, e); err != nil {
@@ -443,7 +483,7 @@ func (b *Bed) RecoveredIDs() int {
 // Handler applies the business effect: one effects row per run.
 func Handler(name string) consumer.Handler {
 	return func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
-		_, err := tx.ExecContext(ctx, "INSERT INTO effects (event_id, consumer, agg, ver) VALUES (?, ?, ?, ?)",
+		_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO effects (event_id, consumer, agg, ver) VALUES (?, ?, ?, ?)"),
 			ev.ID, name, ev.AggregateID, ev.AggregateVersion)
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,6 +116,11 @@ func (s *Services) exports() (map[string]string, error) {
 	for _, line := range strings.Split(out, "\n") {
 		k, v, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "export "), "=")
 		if ok {
+			// The script single-quotes a value the shell would split
+			// (RMQTX_PG_DSN's "?" and "&"); the shell drops the quotes.
+			if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
+				v = v[1 : len(v)-1]
+			}
 			m[k] = v
 		}
 	}
@@ -243,7 +249,9 @@ func (s *Suite) Main(m *testing.M) int {
 		return 1
 	}
 	// testenv reads these at first use; the crash children inherit them.
-	keys := []string{"RMQTX_MYSQL_ADDR", "RMQTX_MYSQL_USER", "RMQTX_MYSQL_PASSWORD", "RMQTX_NAMESRV", "RMQTX_BROKER"}
+	// RMQTX_PG_DSN is required too: without it testenv would fall back to
+	// the shared PostgreSQL, which the restarts here must never touch.
+	keys := []string{"RMQTX_MYSQL_ADDR", "RMQTX_MYSQL_USER", "RMQTX_MYSQL_PASSWORD", "RMQTX_PG_DSN", "RMQTX_NAMESRV", "RMQTX_BROKER"}
 	if s.cfg.Brokers > 1 {
 		keys = append(keys, "RMQTX_BROKER_B")
 	}
@@ -253,12 +261,6 @@ func (s *Suite) Main(m *testing.M) int {
 			return 1
 		}
 		if err := os.Setenv(k, exp[k]); err != nil {
-			fmt.Fprintln(os.Stderr, name+":", err)
-			return 1
-		}
-	}
-	if exp["RMQTX_PG_DSN"] != "" {
-		if err := os.Setenv("RMQTX_PG_DSN", exp["RMQTX_PG_DSN"]); err != nil {
 			fmt.Fprintln(os.Stderr, name+":", err)
 			return 1
 		}
@@ -326,6 +328,49 @@ func (s *Suite) MustComeBack(t testing.TB, service string) {
 func (s *Suite) KeepUp(t testing.TB, service string) {
 	svc := s.Private(t)
 	t.Cleanup(func() { _, _ = svc.Run("up", service) })
+}
+
+// StopPostgresImmediate stops the private PostgreSQL the way `pg_ctl stop
+// -m immediate` does: SIGQUIT to the postmaster (its pid from the data
+// folder's postmaster.pid), which ends every backend at once, without a
+// checkpoint, so the next start replays the WAL as after a crash. It fails
+// t unless the postmaster is gone within 60 s. MustComeBack(t, "postgres")
+// starts it again.
+func (s *Suite) StopPostgresImmediate(t testing.TB) {
+	t.Helper()
+	start := time.Now()
+	raw, err := os.ReadFile(filepath.Join(s.Private(t).RunDir(), "postgres", "data", "postmaster.pid"))
+	require.NoError(t, err, "the private PostgreSQL's postmaster.pid")
+	first, _, _ := strings.Cut(string(raw), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	require.NoError(t, err, "postmaster.pid: %q", first)
+	require.Positive(t, pid)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT), "SIGQUIT to the postmaster %d", pid)
+	deadline := time.Now().Add(60 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the PostgreSQL postmaster %d still runs 60 s after its SIGQUIT", pid)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("PostgreSQL stopped (immediate, postmaster %d) in %s", pid, time.Since(start).Round(100*time.Millisecond))
+}
+
+// alive reports whether process pid runs (a zombie, exited but not yet
+// reaped by its parent, does not).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return !os.IsNotExist(err)
+	}
+	// "pid (comm) state ...": comm may hold spaces and parentheses.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z'
+	}
+	return true
 }
 
 // BrokerName names the private broker at addr as services.sh does.

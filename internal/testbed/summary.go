@@ -12,7 +12,10 @@ import (
 // lost = 0, ghosts = 0 and double effects = 0; a scenario counts only once
 // Verify has run to its end (Verified) with a positive Committed.
 type Scenario struct {
-	Name       string
+	Name string
+	// DB is the database server the scenario ran on (testenv.DBMySQL,
+	// testenv.DBPostgres): the summary reports each database on its own.
+	DB         string
 	Attempted  int // transactions (or published events) the test started; markers not included
 	Committed  int // committed per the database truth (txlog COMMITTED rows, outbox rows)
 	RolledBack int // attempted and never committed (business rollback, fenced, failed)
@@ -39,6 +42,14 @@ type Scenario struct {
 	// Verified says that Verify ran to its end: convergence, markers,
 	// comparison and every assertion.
 	Verified bool
+}
+
+// Label names the scenario and its database, as the summary's notes do.
+func (s *Scenario) Label() string {
+	if s.DB == "" {
+		return s.Name
+	}
+	return s.Name + " (" + s.DB + ")"
 }
 
 // Note adds a line to the scenario's notes in the summary.
@@ -72,11 +83,13 @@ func (r *Summary) restartFailed(service string, after time.Duration) {
 	r.restarts = append(r.restarts, fmt.Sprintf("%s not usable again after %s", service, after.Round(time.Second)))
 }
 
-// String is the table, the notes, and a verdict line. The verdict is PASS
-// only when lost, ghosts and double effects are 0, every restart came back,
-// the tests passed, and every scenario reached the end of Verify with a
-// positive number of committed events: a scenario that died before its
-// verification proves nothing.
+// String is the table (one row per scenario and database, a total per
+// database, a total of all), the notes, and a verdict line that gives lost,
+// ghosts and double effects per database, then for the whole run. The
+// verdict is PASS only when lost, ghosts and double effects are 0, every
+// restart came back, the tests passed, and every scenario reached the end
+// of Verify with a positive number of committed events: a scenario that
+// died before its verification proves nothing.
 func (r *Summary) String() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -84,25 +97,26 @@ func (r *Summary) String() string {
 		return ""
 	}
 	sc := append([]*Scenario(nil), r.scenarios...)
-	sort.SliceStable(sc, func(i, j int) bool { return sc[i].Name < sc[j].Name })
+	sort.SliceStable(sc, func(i, j int) bool {
+		if sc[i].Name != sc[j].Name {
+			return sc[i].Name < sc[j].Name
+		}
+		return sc[i].DB < sc[j].DB
+	})
 	var b strings.Builder
 	title := "rmqtx suite summary"
 	if r.Title != nil {
 		title = r.Title()
 	}
 	fmt.Fprintf(&b, "\n==== %s ====\n", title)
-	head := "%-18s %9s %9s %11s %8s %5s %6s %12s %13s %14s %8s %8s %8s\n"
-	row := "%-18s %9d %9d %11d %8d %5d %6d %12d %13d %14d %8d %8s %8s\n"
-	fmt.Fprintf(&b, head, "scenario", "attempted", "committed", "rolled_back", "consumed", "lost", "ghosts", "dup_absorbed", "dup_delivered", "double_effects", "stored>1", "recover", "took")
+	head := "%-18s %-8s %9s %9s %11s %8s %5s %6s %12s %13s %14s %8s %8s %8s\n"
+	row := "%-18s %-8s %9d %9d %11d %8d %5d %6d %12d %13d %14d %8d %8s %8s\n"
+	fmt.Fprintf(&b, head, "scenario", "db", "attempted", "committed", "rolled_back", "consumed", "lost", "ghosts", "dup_absorbed", "dup_delivered", "double_effects", "stored>1", "recover", "took")
 	var t Scenario
+	perDB := map[string]*Scenario{}
+	var dbs []string
 	var unverified, empty []string
-	for _, s := range sc {
-		recover := "-"
-		if s.Recover > 0 {
-			recover = s.Recover.Round(100 * time.Millisecond).String()
-		}
-		fmt.Fprintf(&b, row, s.Name, s.Attempted, s.Committed, s.RolledBack, s.Consumed, s.Lost, s.Ghosts, s.DupAbsorb, s.DupDeliver, s.Double,
-			s.StoredTwice, recover, s.Duration.Round(time.Second))
+	add := func(t, s *Scenario) {
 		t.Attempted += s.Attempted
 		t.Committed += s.Committed
 		t.RolledBack += s.RolledBack
@@ -113,18 +127,43 @@ func (r *Summary) String() string {
 		t.DupDeliver += s.DupDeliver
 		t.Double += s.Double
 		t.StoredTwice += s.StoredTwice
+	}
+	for _, s := range sc {
+		recover := "-"
+		if s.Recover > 0 {
+			recover = s.Recover.Round(100 * time.Millisecond).String()
+		}
+		db := s.DB
+		if db == "" {
+			db = "-"
+		}
+		fmt.Fprintf(&b, row, s.Name, db, s.Attempted, s.Committed, s.RolledBack, s.Consumed, s.Lost, s.Ghosts, s.DupAbsorb, s.DupDeliver, s.Double,
+			s.StoredTwice, recover, s.Duration.Round(time.Second))
+		add(&t, s)
+		if perDB[db] == nil {
+			perDB[db] = &Scenario{}
+			dbs = append(dbs, db)
+		}
+		add(perDB[db], s)
 		switch {
 		case !s.Verified:
-			unverified = append(unverified, s.Name)
+			unverified = append(unverified, s.Label())
 		case s.Committed <= 0:
-			empty = append(empty, s.Name)
+			empty = append(empty, s.Label())
 		}
 	}
-	fmt.Fprintf(&b, row, "TOTAL", t.Attempted, t.Committed, t.RolledBack, t.Consumed, t.Lost, t.Ghosts, t.DupAbsorb, t.DupDeliver, t.Double, t.StoredTwice, "", "")
+	sort.Strings(dbs)
+	if len(dbs) > 1 {
+		for _, db := range dbs {
+			d := perDB[db]
+			fmt.Fprintf(&b, row, "TOTAL", db, d.Attempted, d.Committed, d.RolledBack, d.Consumed, d.Lost, d.Ghosts, d.DupAbsorb, d.DupDeliver, d.Double, d.StoredTwice, "", "")
+		}
+	}
+	fmt.Fprintf(&b, row, "TOTAL", "all", t.Attempted, t.Committed, t.RolledBack, t.Consumed, t.Lost, t.Ghosts, t.DupAbsorb, t.DupDeliver, t.Double, t.StoredTwice, "", "")
 	b.WriteString("  (stored>1: committed events an independent consumer received as more than one stored message; reported, not asserted)\n")
 	for _, s := range sc {
 		for _, n := range s.Notes {
-			fmt.Fprintf(&b, "  %s: %s\n", s.Name, n)
+			fmt.Fprintf(&b, "  %s: %s\n", s.Label(), n)
 		}
 	}
 	for _, f := range r.restarts {
@@ -138,6 +177,10 @@ func (r *Summary) String() string {
 	}
 	if r.exitCode != 0 {
 		fmt.Fprintf(&b, "  TESTS FAILED: go test exit status %d\n", r.exitCode)
+	}
+	for _, db := range dbs {
+		d := perDB[db]
+		fmt.Fprintf(&b, "==== %s: lost=%d ghosts=%d double_effects=%d stored_more_than_once=%d ====\n", db, d.Lost, d.Ghosts, d.Double, d.StoredTwice)
 	}
 	verdict := "PASS"
 	if t.Lost != 0 || t.Ghosts != 0 || t.Double != 0 || len(r.restarts) != 0 || len(unverified) != 0 || len(empty) != 0 || r.exitCode != 0 {

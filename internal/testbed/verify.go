@@ -68,12 +68,15 @@ func (b *Bed) readTruth(ctx context.Context) (truth, error) {
 		tr.committed[id] = true
 	}
 	b.mu.Unlock()
-	if err := read("SELECT event_id AS k, CAST(COUNT(*) AS CHAR) AS v FROM effects GROUP BY event_id", func(r kv) {
-		var n int
-		_, _ = fmt.Sscan(r.V, &n)
-		tr.effects[r.K] = n
-	}); err != nil {
+	var counts []struct {
+		K string `db:"k"`
+		N int    `db:"n"`
+	}
+	if err := b.DB.SelectContext(ctx, &counts, "SELECT event_id AS k, COUNT(*) AS n FROM effects GROUP BY event_id"); err != nil {
 		return tr, err
+	}
+	for _, c := range counts {
+		tr.effects[c.K] = c.N
 	}
 	return tr, nil
 }
@@ -193,7 +196,7 @@ func (b *Bed) Quiet(t *testing.T) []string {
 			return false
 		}
 		var n int
-		return b.DB.Get(&n, q, args...) == nil && n == len(ids)
+		return b.DB.Get(&n, b.DB.Rebind(q), args...) == nil && n == len(ids)
 	})
 	return ids
 }

@@ -13,10 +13,8 @@ import (
 // own helpers as methods.
 type bed struct{ *testbed.Bed }
 
-func newBed(t *testing.T, name string) *bed { return &bed{suite.NewBed(t, name)} }
-
-// newBedOn is newBed on the database server kind (testenv.DBMySQL,
-// testenv.DBPostgres).
+// newBedOn builds a scenario's world on the database server kind
+// (testenv.DBMySQL, testenv.DBPostgres).
 func newBedOn(t *testing.T, name, kind string) *bed { return &bed{suite.NewBedOn(t, name, kind)} }
 
 // databases are the servers eachDB runs a scenario on, in order.

@@ -45,6 +45,17 @@ fi
 GO=${RMQTX_GO:-go}
 RUN_DIR=${RMQTX_RUN_DIR:-.run}
 LOG=$RUN_DIR/go-test.log
+JSON=$RUN_DIR/go-test.json
+# testguard reads go test's -json stream and fails a run that did not run
+# the proof: a skipped test, a suite below its minimum count in
+# scripts/test-expect.txt (or absent), a test that must never run in CI
+# (TestFailpointsNotCompiled: the failpoints tag was missing). It is built
+# with the real go, whatever RMQTX_GO says.
+EXPECT=${RMQTX_TEST_EXPECT:-$PWD/scripts/test-expect.txt}
+TESTGUARD=${RMQTX_TESTGUARD:-}
+# The services and the fuzz step, replaceable by internal/testscript only.
+SERVICES=${RMQTX_SERVICES:-bash scripts/services.sh}
+FUZZ=${RMQTX_FUZZ:-bash scripts/fuzz.sh}
 VIEWS=${RMQTX_VIEWS:-patched upstream}
 UPSTREAM_MOD=${RMQTX_UPSTREAM_MODFILE:-$PWD/.run/upstream/go.mod}
 # The one test the upstream build leaves out: it proves patch 2 (the check
@@ -76,16 +87,30 @@ summaries() {
   done
 }
 
+# testguard_bin builds testguard once per run folder.
+testguard_bin() {
+  if [[ -z $TESTGUARD ]]; then
+    TESTGUARD=$RUN_DIR/bin/testguard
+    mkdir -p "$RUN_DIR/bin"
+    go build -o "$TESTGUARD" ./internal/tools/testguard
+  fi
+}
+
 # patched_tests runs the Go suite once against the services in the
-# environment and returns go test's own exit status.
+# environment; it fails when go test fails or when testguard finds that the
+# run did not run what it must.
 patched_tests() {
   echo "== patched client: go test -race -tags failpoints ./..."
   local rc=0 suite
   mkdir -p "$RUN_DIR"
+  testguard_bin
   use_tmpdir
   for suite in faultsuite clustersuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
+  # The -json stream is kept whole in $JSON; testguard prints what a plain
+  # go test would (into $LOG too), then checks the run against $EXPECT.
   # shellcheck disable=SC2086
-  "$GO" test -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$LOG" || rc=$?
+  "$GO" test -json -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$JSON" |
+    "$TESTGUARD" -echo -expect "$EXPECT" | tee "$LOG" || rc=$?
   summaries patched
   return $rc
 }
@@ -144,13 +169,13 @@ upstream_view() {
 }
 
 inner() {
-  bash scripts/services.sh up
-  eval "$(bash scripts/services.sh env)"
+  $SERVICES up
+  eval "$($SERVICES env)"
   local rc=0
   go_tests || rc=$?
   if [[ $rc == 0 ]]; then
     echo "== fuzz targets (${FUZZTIME:-30000x} each)"
-    bash scripts/fuzz.sh || rc=$?
+    $FUZZ || rc=$?
   fi
   if [[ $rc == 0 ]]; then echo "== PASS: every test and fuzz target"; else echo "== FAIL (exit $rc); see $RUN_DIR/go-test*.log"; fi
   return $rc
@@ -166,6 +191,15 @@ if [[ ${1:-} == --go-only ]]; then
   go_tests || rc=$?
   if [[ $rc == 0 ]]; then echo "== PASS: every test"; else echo "== FAIL (exit $rc); see $RUN_DIR/go-test*.log"; fi
   exit $rc
+fi
+
+# --suite: the path `make test` takes once installs and isolation are done
+# (inner), in the current network. internal/testscript runs it with a fake
+# go and stub services to prove that the real path fails what it must.
+if [[ ${1:-} == --suite ]]; then
+  upstream_view
+  inner
+  exit
 fi
 
 if [[ ${1:-} == --inner ]]; then

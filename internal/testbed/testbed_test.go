@@ -48,6 +48,41 @@ func TestSummaryVerdict(t *testing.T) {
 	require.Empty(t, (&Summary{}).String(), "no scenario, no summary")
 }
 
+// One scenario run on two databases shows as a row per database, a total
+// per database, and the invariants per database on the verdict lines; a
+// failure on one database fails the run and names that database.
+func TestSummaryPerDatabase(t *testing.T) {
+	r := &Summary{Title: func() string { return "demo" }}
+	for _, db := range []string{"postgres", "mysql"} {
+		r.Add(&Scenario{Name: "crash-matrix", DB: db, Attempted: 10, Committed: 8, RolledBack: 2, Consumed: 8, Verified: true})
+	}
+	ghost := &Scenario{Name: "duplicate-storm", DB: "postgres", Attempted: 5, Committed: 5, Consumed: 5, Ghosts: 2, Verified: true}
+	r.Add(ghost)
+	r.Add(&Scenario{Name: "duplicate-storm", DB: "mysql", Attempted: 5, Committed: 5, Consumed: 5})
+	out := r.String()
+	lines := strings.Split(out, "\n")
+	var rows []string
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 2 && (f[0] == "crash-matrix" || f[0] == "duplicate-storm" || f[0] == "TOTAL") {
+			rows = append(rows, f[0]+" "+f[1]+" "+f[2])
+		}
+	}
+	require.Equal(t, []string{
+		"crash-matrix mysql 10", "crash-matrix postgres 10", "duplicate-storm mysql 5", "duplicate-storm postgres 5",
+		"TOTAL mysql 15", "TOTAL postgres 15", "TOTAL all 30",
+	}, rows, out)
+	require.Contains(t, out, "==== mysql: lost=0 ghosts=0 double_effects=0 stored_more_than_once=0 ====", out)
+	require.Contains(t, out, "==== postgres: lost=0 ghosts=2 double_effects=0 stored_more_than_once=0 ====", out)
+	require.Contains(t, out, "NOT VERIFIED: duplicate-storm (mysql) ended before its verification finished", out)
+	require.Contains(t, out, "ghosts=2 double_effects=0 stored_more_than_once=0 restarts_failed=0 unverified=1: FAIL", out)
+
+	ghost.Ghosts = 0
+	r2 := &Summary{}
+	r2.Add(ghost)
+	require.Contains(t, r2.String(), "==== postgres: lost=0 ghosts=0", "one database: its own line too")
+	require.Contains(t, r2.String(), ": PASS ====")
+}
+
 // guarded are the test-support packages that library code must not import.
 var guarded = []string{
 	"github.com/rmqtx/rmqtx/internal/testbed",

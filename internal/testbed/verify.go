@@ -324,6 +324,13 @@ func (b *Bed) Verify(t *testing.T, timeout time.Duration) {
 		sort.Strings(parts)
 		sc.Note("stored more than once: %d of %d committed events (copies: %s)", sc.StoredTwice, sc.Committed, strings.Join(parts, " "))
 	}
+	var version string
+	if err := b.DB.GetContext(ctx, &version, "SELECT version()"); err == nil {
+		if len(version) > 40 {
+			version = version[:40]
+		}
+		sc.Note("database %s at %s: %s", b.DBRef, testenv.ServerAddr(t, b.DB), version)
+	}
 	sc.Note("converged in %s, then quiet: %d markers (one per queue) applied and collected; dead letters %d; orders/txlog/outbox mismatches %d",
 		converged.Round(100*time.Millisecond), len(markers), parked, inconsistent)
 

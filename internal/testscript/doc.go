@@ -1,5 +1,9 @@
 // Package testscript tests scripts/test.sh itself: the command CI runs must
 // report every failure, so that no re-run, retry or filter can turn a real
 // failure (a lost or ghost event, a service that did not come back, a data
-// race) into a green run. It has no code of its own; see its tests.
+// race) into a green run, and it must fail a run that did not run the proof
+// (a skipped test, a missing suite, a build without the failpoints tag). It
+// drives the path `make test` takes (test.sh --suite: inner) with a fake go
+// and stub services, and plants faults into copies of the script to show
+// that each is caught. It has no code of its own; see its tests.
 package testscript

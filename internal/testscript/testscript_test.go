@@ -1,6 +1,8 @@
 package testscript
 
 import (
+	"bufio"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,47 +13,129 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// fakeGo describes the fake go binary: it prints the captured log and exits
-// with code, or, when upstreamCode is set, exits with that code instead on
-// the upstream build's commands (those with -modfile).
+// A run of scripts/test.sh --suite, the path `make test` takes after its
+// installs and its network isolation (inner): stub services and fuzzing, and
+// a fake go that records its command lines and answers the patched build's
+// `go test -json` with a stream made for the case.
+
+// fakeGo describes the fake go binary.
 type fakeGo struct {
-	log          string
-	code         int
-	upstreamCode *int
+	stream    string // what `go test -json` prints (the patched build)
+	code      int    // exit code of every command
+	failFirst bool   // the first command exits 1 whatever code says
+	upstream  *int   // exit code of the upstream build's commands (-modfile), when set
 }
 
-// runScript runs `scripts/test.sh --go-only` with a fake go binary. It
-// returns the script's exit code, its output and the fake go's command
-// lines, one per run.
-func runScript(t *testing.T, f fakeGo) (int, string, []string) {
+// module is the module path the fake stream names packages with.
+const module = "github.com/rmqtx/rmqtx/"
+
+// root is the repository root.
+func root(t *testing.T) string {
+	t.Helper()
+	r, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	return r
+}
+
+// expectRules reads scripts/test-expect.txt: the min rules in order, and the
+// forbidden test names.
+func expectRules(t *testing.T) (mins [][2]string, forbid []string) {
+	t.Helper()
+	f, err := os.Open(filepath.Join(root(t), "scripts", "test-expect.txt"))
+	require.NoError(t, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, "#"); i >= 0 {
+			line = line[:i]
+		}
+		fs := strings.Fields(line)
+		switch {
+		case len(fs) == 3 && fs[0] == "min":
+			mins = append(mins, [2]string{fs[1], fs[2]})
+		case len(fs) == 2 && fs[0] == "forbid":
+			forbid = append(forbid, fs[1])
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.NotEmpty(t, mins, "test-expect.txt lists the suites a run must run")
+	require.NotEmpty(t, forbid)
+	return mins, forbid
+}
+
+// stream writes a go test -json stream that meets every min rule, then
+// applies edit to its events (package, test, action) before writing.
+func stream(t *testing.T, edit func(ev [][3]string) [][3]string) string {
+	t.Helper()
+	mins, _ := expectRules(t)
+	var evs [][3]string
+	for _, m := range mins {
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		for i := 0; i < n; i++ {
+			evs = append(evs, [3]string{m[0], "TestN" + strconv.Itoa(i), "pass"})
+		}
+		evs = append(evs, [3]string{m[0], "", "pass"})
+	}
+	if edit != nil {
+		evs = edit(evs)
+	}
+	var b strings.Builder
+	for _, e := range evs {
+		line, err := json.Marshal(map[string]string{"Action": e[2], "Package": module + e[0], "Test": e[1]})
+		require.NoError(t, err)
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	p := filepath.Join(t.TempDir(), "stream.json")
+	require.NoError(t, os.WriteFile(p, []byte(b.String()), 0o644))
+	return p
+}
+
+// testguard builds the real testguard once per test.
+func testguard(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "testguard")
+	cmd := exec.Command("go", "build", "-o", bin, "./internal/tools/testguard")
+	cmd.Dir = root(t)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+// runScript runs `<script> --suite` with views (e.g. "patched upstream"),
+// a fake go and stubs. It returns the exit code, the output, and the fake
+// go's command lines.
+func runScript(t *testing.T, script, views string, f fakeGo) (int, string, []string) {
 	t.Helper()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Fatalf("bash is required: %v", err)
 	}
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	require.NoError(t, err)
 	dir := t.TempDir()
 	calls := filepath.Join(dir, "calls")
-	logPath, err := filepath.Abs(filepath.Join("testdata", f.log))
-	require.NoError(t, err)
 	fake := filepath.Join(dir, "go")
-	script := "#!/usr/bin/env bash\necho \"$*\" >>'" + calls + "'\ncat '" + logPath + "'\n"
-	if f.upstreamCode != nil {
-		script += "case \" $* \" in *\" -modfile=\"*) exit " + strconv.Itoa(*f.upstreamCode) + ";; esac\n"
+	sh := "#!/usr/bin/env bash\necho \"$*\" >>'" + calls + "'\n"
+	if f.failFirst {
+		sh += "n=$(wc -l <'" + calls + "'); if [ \"$n\" -eq 1 ]; then exit 1; fi\n"
 	}
-	script += "exit " + strconv.Itoa(f.code) + "\n"
-	require.NoError(t, os.WriteFile(fake, []byte(script), 0o755))
-	// A view that exists: the script uses a named view as it is, so the
-	// fake go is the only go that runs.
+	sh += "case \" $* \" in *\" -json \"*) cat '" + f.stream + "';; esac\n"
+	if f.upstream != nil {
+		sh += "case \" $* \" in *\" -modfile=\"*) exit " + strconv.Itoa(*f.upstream) + ";; esac\n"
+	}
+	sh += "exit " + strconv.Itoa(f.code) + "\n"
+	require.NoError(t, os.WriteFile(fake, []byte(sh), 0o755))
 	view := filepath.Join(dir, "go.upstream.mod")
 	require.NoError(t, os.WriteFile(view, []byte("module fake\n"), 0o644))
 
-	cmd := exec.Command("bash", filepath.Join(root, "scripts", "test.sh"), "--go-only")
-	cmd.Dir = root
-	// A private run folder and TMPDIR: the real suite's log and fault
-	// summary (which may be running right now) are never touched.
+	cmd := exec.Command("bash", script, "--suite")
+	cmd.Dir = root(t)
+	// A private run folder and TMPDIR: a real suite running beside this
+	// test never shares its logs or fault summaries.
 	cmd.Env = append(os.Environ(), "RMQTX_GO="+fake, "RMQTX_RUN_DIR="+dir, "TMPDIR="+dir, "RMQTX_TEST_ARGS=",
-		"RMQTX_UPSTREAM_MODFILE="+view, "RMQTX_VIEWS=")
+		"RMQTX_UPSTREAM_MODFILE="+view, "RMQTX_VIEWS="+views, "RMQTX_TESTGUARD="+testguard(t),
+		"RMQTX_TEST_EXPECT="+filepath.Join(root(t), "scripts", "test-expect.txt"),
+		"RMQTX_SERVICES=true", "RMQTX_FUZZ=true")
 	out, err := cmd.CombinedOutput()
 	rc := 0
 	if err != nil {
@@ -64,53 +148,49 @@ func runScript(t *testing.T, f fakeGo) (int, string, []string) {
 	return rc, string(out), strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 }
 
-// goTests returns the go test command lines among calls.
-func goTests(calls []string) []string {
-	var out []string
+// judge is what a correct `make test` does, checked from the outside: the
+// patched build runs `go test` exactly once, with -json, -race, the
+// failpoints tag, -count=1 and every package, never -short or -run; and the
+// run fails exactly when it must.
+func judge(rc int, calls []string, mustFail bool) []string {
+	var problems, patched []string
 	for _, c := range calls {
-		if strings.HasPrefix(c, "test ") {
-			out = append(out, c)
+		if strings.HasPrefix(c, "test ") && !strings.Contains(c, "-modfile=") {
+			patched = append(patched, c)
 		}
 	}
-	return out
+	if len(patched) != 1 {
+		problems = append(problems, "patched go test ran "+strconv.Itoa(len(patched))+" times, want once: a failure is never retried")
+	}
+	for _, c := range patched {
+		for _, want := range []string{"-json", "-race", "-tags failpoints", "-count=1", "./..."} {
+			if !strings.Contains(" "+c+" ", " "+want+" ") {
+				problems = append(problems, "patched go test lacks "+want+": "+c)
+			}
+		}
+		for _, never := range []string{"-short", "-run"} {
+			if strings.Contains(" "+c, " "+never) {
+				problems = append(problems, "patched go test has "+never+": "+c)
+			}
+		}
+	}
+	switch {
+	case mustFail && rc == 0:
+		problems = append(problems, "the run passed but must fail")
+	case !mustFail && rc != 0:
+		problems = append(problems, "the run failed but must pass")
+	}
+	return problems
 }
 
-// The masked case of issue 12: TestCrashMatrix fails on a ghost while the
-// log also holds a race report whose frames are all inside the client. The
-// old classifier re-ran it, so a lucky second run turned it green. The run
-// must fail, after exactly one go test.
-func TestMaskedGhostFailsTheRun(t *testing.T) {
-	rc, out, calls := runScript(t, fakeGo{log: "masked-ghost.log", code: 1})
-	require.NotZero(t, rc, "a ghost next to a client-only race must fail the run:\n%s", out)
-	require.Len(t, calls, 1, "go test must run once, and a failure ends the run: nothing is retried")
-	require.Contains(t, out, "== FAIL")
-}
+func script(t *testing.T) string { return filepath.Join(root(t), "scripts", "test.sh") }
 
-// A restart that did not come back is a failure of its own, never retried.
-func TestBrokerNotBackFailsTheRun(t *testing.T) {
-	rc, out, calls := runScript(t, fakeGo{log: "broker-not-back.log", code: 1})
-	require.NotZero(t, rc, out)
-	require.Len(t, calls, 1)
-}
-
-// Even a failure made only of races inside the client fails the run: those
-// races are fixed in third_party/rocketmq-client-go, so a new one is news.
-func TestClientOnlyRaceFailsTheRun(t *testing.T) {
-	rc, out, calls := runScript(t, fakeGo{log: "client-race-only.log", code: 1})
-	require.NotZero(t, rc, out)
-	require.Len(t, calls, 1)
-}
-
-// The control: a passing go test passes the script, so the tests above
-// measure the script, not a script that always fails. Both builds run, each
+// The control: a complete, passing run passes, and both builds run, each
 // command once: the patched one under -race, then the upstream one.
 func TestPassingRunPasses(t *testing.T) {
-	rc, out, calls := runScript(t, fakeGo{log: "pass.log", code: 0})
-	require.Zero(t, rc, out)
-	tests := goTests(calls)
-	require.Len(t, tests, 4, "one patched go test and three upstream ones: %q", calls)
-	require.Contains(t, tests[0], "-race")
-	require.NotContains(t, tests[0], "-modfile=")
+	rc, out, calls := runScript(t, script(t), "patched upstream", fakeGo{stream: stream(t, nil)})
+	require.Empty(t, judge(rc, calls, false), out)
+	require.Contains(t, out, "testguard: PASS")
 	var upstream []string
 	for _, c := range calls {
 		if strings.Contains(c, "-modfile=") {
@@ -123,22 +203,108 @@ func TestPassingRunPasses(t *testing.T) {
 	}
 	require.True(t, strings.HasPrefix(upstream[0], "build "), upstream[0])
 	require.True(t, strings.HasPrefix(upstream[1], "vet "), upstream[1])
-	seen := map[string]bool{}
-	for _, c := range calls {
-		require.False(t, seen[c], "ran twice: %s", c)
-		seen[c] = true
-	}
 	require.Contains(t, strings.Join(upstream, "\n"), "./txproducer/ ./checkback/ ./consumer/ ./outbox/")
 	require.Contains(t, strings.Join(upstream, "\n"), "-run ^TestCrashMatrix$")
 }
 
-// A failure in the upstream build fails the run, after the patched build
-// passed, and ends it: the steps after the failing one do not run.
+// A failing go test fails the run after one go test: nothing is retried,
+// whatever the failure looks like (a ghost next to a client-only race, a
+// broker that did not come back, a race report).
+func TestFailureFailsTheRun(t *testing.T) {
+	rc, out, calls := runScript(t, script(t), "patched upstream", fakeGo{stream: stream(t, func(ev [][3]string) [][3]string {
+		return append(ev, [3]string{"faultsuite", "TestCrashMatrix", "fail"}, [3]string{"faultsuite", "", "fail"})
+	}), code: 1})
+	require.Empty(t, judge(rc, calls, true), out)
+	require.Contains(t, out, "== FAIL")
+}
+
+// A run that did not run the proof fails although go test passed: a
+// skipped test (-short), a suite below its minimum (-run, a missing
+// package), the failpoints tag missing.
+func TestShortfallsFailTheRun(t *testing.T) {
+	for name, edit := range map[string]func(ev [][3]string) [][3]string{
+		"a skipped test": func(ev [][3]string) [][3]string {
+			return append(ev, [3]string{"txproducer", "TestSkipped", "skip"})
+		},
+		"a suite that did not run": func(ev [][3]string) [][3]string {
+			var out [][3]string
+			for _, e := range ev {
+				if e[0] != "faultsuite" {
+					out = append(out, e)
+				}
+			}
+			return out
+		},
+		"the failpoints tag missing": func(ev [][3]string) [][3]string {
+			return append(ev, [3]string{"faultsuite", "TestFailpointsNotCompiled", "pass"})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc, out, calls := runScript(t, script(t), "patched", fakeGo{stream: stream(t, edit)})
+			require.Empty(t, judge(rc, calls, true), out)
+			require.Contains(t, out, "testguard: FAIL")
+		})
+	}
+}
+
+// A failure in the upstream build fails the run after the patched build
+// passed, and ends it.
 func TestUpstreamFailureFailsTheRun(t *testing.T) {
 	one := 1
-	rc, out, calls := runScript(t, fakeGo{log: "pass.log", code: 0, upstreamCode: &one})
-	require.NotZero(t, rc, out)
-	require.Contains(t, out, "== FAIL")
+	rc, out, calls := runScript(t, script(t), "patched upstream", fakeGo{stream: stream(t, nil), upstream: &one})
+	require.Empty(t, judge(rc, calls, true), out)
 	require.Len(t, calls, 2, "the patched go test, then the upstream build that failed: %q", calls)
 	require.Contains(t, calls[1], "build -modfile=")
+}
+
+// plant writes a copy of test.sh with old replaced by new into a scratch
+// tree laid out like the repository, and returns its path.
+func plant(t *testing.T, old, new string) string {
+	t.Helper()
+	b, err := os.ReadFile(script(t))
+	require.NoError(t, err)
+	s := string(b)
+	require.Contains(t, s, old, "the plant's anchor is in test.sh")
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "scripts"), 0o755))
+	up := filepath.Join(dir, "third_party", "rocketmq-client-go")
+	require.NoError(t, os.MkdirAll(up, 0o755))
+	u, err := os.ReadFile(filepath.Join(root(t), "third_party", "rocketmq-client-go", "UPSTREAM"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(up, "UPSTREAM"), u, 0o644))
+	p := filepath.Join(dir, "scripts", "test.sh")
+	require.NoError(t, os.WriteFile(p, []byte(strings.Replace(s, old, new, 1)), 0o755))
+	return p
+}
+
+// Each planted fault in the script is caught: judge reports it, so a change
+// that would let a run skip the proof cannot pass this package.
+func TestPlantedFaultsAreCaught(t *testing.T) {
+	good := stream(t, nil)
+	noFault := stream(t, func(ev [][3]string) [][3]string {
+		var out [][3]string
+		for _, e := range ev {
+			if e[0] != "faultsuite" {
+				out = append(out, e)
+			}
+		}
+		return out
+	})
+	for name, tc := range map[string]struct {
+		old, new string
+		f        fakeGo
+		mustFail bool
+	}{
+		"a retry in inner": {"  go_tests || rc=$?\n", "  go_tests || go_tests || rc=$?\n",
+			fakeGo{stream: good, failFirst: true}, true},
+		"-short": {"-count=1 -timeout 45m", "-count=1 -short -timeout 45m", fakeGo{stream: good}, false},
+		"the failpoints tag missing": {"test -json -race -tags failpoints -count=1", "test -json -race -count=1",
+			fakeGo{stream: good}, false},
+		"the guard removed": {`"$TESTGUARD" -echo -expect "$EXPECT"`, "cat", fakeGo{stream: noFault}, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc, out, calls := runScript(t, plant(t, tc.old, tc.new), "patched", tc.f)
+			require.NotEmpty(t, judge(rc, calls, tc.mustFail), "the plant went unnoticed:\n%s", out)
+		})
+	}
 }

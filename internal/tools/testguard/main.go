@@ -36,6 +36,7 @@ type event struct {
 	Action  string
 	Package string
 	Test    string
+	Output  string
 }
 
 // rules are the expectations of a run.
@@ -90,24 +91,49 @@ type tally struct {
 	pkgs    map[string]bool // packages that reported a result
 }
 
-func read(r io.Reader, module string) (tally, error) {
+// read tallies a `go test -json` stream. With echo set it also writes, as
+// the stream arrives, what a plain `go test` would print: every package's
+// own lines ("ok", "FAIL", build errors) and the output of each test that
+// fails; lines that are not JSON (a toolchain message) are echoed as they
+// are.
+func read(r io.Reader, module string, echo io.Writer) (tally, error) {
 	t := tally{passed: map[string]int{}, skipped: map[string][]string{}, ran: map[string][]string{}, pkgs: map[string]bool{}}
-	dec := json.NewDecoder(r)
-	for {
+	held := map[string][]string{} // package + test -> its output, until it ends
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
 		var e event
-		if err := dec.Decode(&e); err == io.EOF {
-			break
-		} else if err != nil {
-			return t, fmt.Errorf("testguard: reading the go test -json stream: %w", err)
+		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
+			if echo != nil {
+				fmt.Fprintln(echo, string(line))
+			}
+			continue
 		}
 		pkg := strings.TrimPrefix(strings.TrimPrefix(e.Package, module), "/")
 		if pkg == "" {
 			pkg = "."
 		}
+		key := e.Package + "\x00" + e.Test
 		switch e.Action {
+		case "output", "build-output":
+			if echo != nil {
+				if e.Test == "" {
+					fmt.Fprint(echo, e.Output)
+				} else {
+					held[key] = append(held[key], e.Output)
+				}
+			}
+			continue
 		case "pass", "fail", "skip":
 		default:
 			continue
+		}
+		if echo != nil && e.Test != "" {
+			if e.Action == "fail" {
+				fmt.Fprint(echo, strings.Join(held[key], ""))
+			}
+			delete(held, key)
 		}
 		if e.Test == "" {
 			t.pkgs[pkg] = true
@@ -127,6 +153,9 @@ func read(r io.Reader, module string) (tally, error) {
 		case "fail":
 			t.failed = append(t.failed, pkg+" "+e.Test)
 		}
+	}
+	if err := sc.Err(); err != nil {
+		return t, fmt.Errorf("testguard: reading the go test -json stream: %w", err)
 	}
 	return t, nil
 }
@@ -171,6 +200,7 @@ func main() {
 	expect := flag.String("expect", "scripts/test-expect.txt", "expectations file")
 	js := flag.String("json", "", "go test -json output (default stdin)")
 	module := flag.String("module", "github.com/rmqtx/rmqtx", "module path, stripped from package names")
+	echo := flag.Bool("echo", false, "print what a plain go test would (package lines, failing tests' output) while reading")
 	flag.Parse()
 	rf, err := os.Open(*expect)
 	if err != nil {
@@ -189,7 +219,11 @@ func main() {
 		defer f.Close()
 		in = f
 	}
-	t, err := read(in, *module)
+	var out io.Writer
+	if *echo {
+		out = os.Stdout
+	}
+	t, err := read(in, *module, out)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

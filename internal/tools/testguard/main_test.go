@@ -26,7 +26,7 @@ func ev(action, pkg, test string) string {
 
 func run(t *testing.T, js string) []string {
 	t.Helper()
-	ta, err := read(strings.NewReader(js), "github.com/rmqtx/rmqtx")
+	ta, err := read(strings.NewReader(js), "github.com/rmqtx/rmqtx", nil)
 	require.NoError(t, err)
 	return check(parseRules(strings.NewReader(rulesText)), ta)
 }
@@ -68,4 +68,23 @@ func TestPlantedShortfallsFail(t *testing.T) {
 func TestBadRulesAreReported(t *testing.T) {
 	ru := parseRules(strings.NewReader("min x zero\nnonsense\n"))
 	require.Len(t, ru.lineErrors, 2)
+}
+
+// -echo prints what a plain go test prints: package lines and the output of
+// failing tests only; a line that is not JSON passes through.
+func TestEchoShowsWhatGoTestShows(t *testing.T) {
+	var b strings.Builder
+	js := stream(
+		`{"Action":"output","Package":"github.com/rmqtx/rmqtx/x","Test":"TestOK","Output":"quiet\n"}`,
+		`{"Action":"pass","Package":"github.com/rmqtx/rmqtx/x","Test":"TestOK"}`,
+		`{"Action":"output","Package":"github.com/rmqtx/rmqtx/x","Test":"TestBad","Output":"boom\n"}`,
+		`{"Action":"fail","Package":"github.com/rmqtx/rmqtx/x","Test":"TestBad"}`,
+		`# a toolchain line`,
+		`{"Action":"output","Package":"github.com/rmqtx/rmqtx/x","Output":"FAIL\tgithub.com/rmqtx/rmqtx/x\n"}`,
+		`{"Action":"fail","Package":"github.com/rmqtx/rmqtx/x"}`,
+	)
+	ta, err := read(strings.NewReader(js), "github.com/rmqtx/rmqtx", &b)
+	require.NoError(t, err)
+	require.Equal(t, "boom\n# a toolchain line\nFAIL\tgithub.com/rmqtx/rmqtx/x\n", b.String())
+	require.Contains(t, ta.failed, "x TestBad")
 }

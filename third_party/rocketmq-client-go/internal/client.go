@@ -642,10 +642,28 @@ func (c *rmqClient) SendHeartbeatToAllBrokerWithLock() {
 		})
 		return
 	}
-	c.GetNameSrv().(*namesrvs).brokerAddressesMap.Range(func(key, value interface{}) bool {
-		brokerName := key.(string)
-		data := value.(*BrokerData)
-		for id, addr := range data.BrokerAddresses {
+	// rmqtx patch 5: read the broker addresses under lockNamesrv, which
+	// cleanOfflineBroker holds while it deletes from them, and send the
+	// heartbeats after: the map was read here unlocked, a data race (and,
+	// without -race, a possible fatal concurrent map read and write).
+	type hbTarget struct {
+		brokerName string
+		id         int64
+		addr       string
+	}
+	var targets []hbTarget
+	ns := c.GetNameSrv().(*namesrvs)
+	ns.lockNamesrv.Lock()
+	ns.brokerAddressesMap.Range(func(key, value interface{}) bool {
+		for id, addr := range value.(*BrokerData).BrokerAddresses {
+			targets = append(targets, hbTarget{brokerName: key.(string), id: id, addr: addr})
+		}
+		return true
+	})
+	ns.lockNamesrv.Unlock()
+	for _, tg := range targets {
+		brokerName, id, addr := tg.brokerName, tg.id, tg.addr
+		{
 			rlog.Debug("try to send heart beat to broker", map[string]interface{}{
 				"brokerName": brokerName,
 				"brokerId":   id,
@@ -668,7 +686,7 @@ func (c *rmqClient) SendHeartbeatToAllBrokerWithLock() {
 				rlog.Warning("send heart beat to broker error", map[string]interface{}{
 					rlog.LogKeyUnderlayError: err,
 				})
-				return true
+				continue
 			}
 			cancel()
 			if response.Code == ResSuccess {
@@ -688,8 +706,7 @@ func (c *rmqClient) SendHeartbeatToAllBrokerWithLock() {
 				})
 			}
 		}
-		return true
-	})
+	}
 }
 
 func (c *rmqClient) UpdateTopicRouteInfo() {

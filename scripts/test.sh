@@ -207,6 +207,7 @@ if [[ ${1:-} == --inner ]]; then
   export RMQTX_RUN_DIR=${RMQTX_RUN_DIR:-$PWD/.run/netns}
   RUN_DIR=$RMQTX_RUN_DIR
   LOG=$RUN_DIR/go-test.log
+  JSON=$RUN_DIR/go-test.json
   trap 'bash scripts/services.sh down >/dev/null 2>&1 || true' EXIT
   inner
   exit

@@ -4,9 +4,9 @@
 // It has no API: everything is in its tests, built with the failpoints tag
 // (the project's test command, `go test -race -tags failpoints ./...`, runs
 // them), on the test bed it shares with the cluster suite (internal/testbed).
-// TestMain starts a PRIVATE MariaDB, name server and broker through
+// TestMain starts a PRIVATE MariaDB, PostgreSQL, name server and broker through
 // scripts/services.sh (its own run folder and ports 13307, 19876 and 20911,
-// and 15433 for the PostgreSQL the script starts too, overridable with
+// and 15433 for PostgreSQL, overridable with
 // RMQTX_FAULTSUITE_MYSQL_PORT, _NAMESRV_PORT, _BROKER_PORT and _PG_PORT),
 // points internal/testenv at them, and
 // stops them at the end, so the restarts never disturb the services other
@@ -18,9 +18,12 @@
 //   - TestRestartBroker: the broker is SIGKILLed and restarted while two
 //     producer instances, an outbox dispatcher and two consumers run a load.
 //   - TestRestartMariaDB: MariaDB is stopped and restarted under the same load.
-//     Both assert that every Send error is one of txproducer's typed errors
-//     (ErrSend, ErrDatabase, ErrCommitUnknown, ...), that the outage surfaced
-//     such errors, and that Sends commit again afterwards.
+//   - TestRestartPostgreSQL: the same on PostgreSQL, stopped immediate (SIGQUIT
+//     to the postmaster, as pg_ctl stop -m immediate), so that its restart
+//     replays the WAL as after a crash (asserted from the server's log).
+//     The three assert that every Send error is one of txproducer's typed
+//     errors (ErrSend, ErrDatabase, ErrCommitUnknown, ...), that the outage
+//     surfaced such errors, and that Sends commit again afterwards.
 //   - TestTornRecordIsDropped: a commit-log record cut short, as a kill -9
 //     in the middle of its copy leaves it, is truncated by the broker's
 //     recovery instead of being served (the record CRC in broker.conf).
@@ -32,13 +35,20 @@
 //   - TestDuplicateStorm: every event is published several times to several
 //     consumer instances, and processors race on the same message.
 //
+// TestCrashMatrix and TestDuplicateStorm run their body on MariaDB and on
+// PostgreSQL (parallel subtests "mysql" and "postgres", each with its own
+// bed; a crash child opens its subtest's database); the restarts of the
+// broker and MariaDB run on MariaDB, TestRestartPostgreSQL on PostgreSQL.
+//
 // Each scenario ends by waiting until nothing is owed, then sending a marker
 // through its own topic and groups into every queue and waiting for each,
 // so that a late arrival is counted too. Only then does it compare the
 // database's truth (txlog rows, outbox rows, business rows) with the
 // consumers' view (business effects, and an independent raw collector), and
 // assert lost = 0, ghosts = 0 and double effects = 0; it also reports how
-// many committed events were stored more than once. A summary table is
+// many committed events were stored more than once. A summary table (a row
+// per scenario and database, and lost, ghosts and double effects per
+// database) is
 // printed after the run (go test shows a passing package's output with -v,
 // or when run inside the package folder) and written to
 // $TMPDIR/rmqtx-faultsuite-summary.txt (-summary-file). Its verdict is PASS

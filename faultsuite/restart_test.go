@@ -43,9 +43,14 @@ func TestRestartMariaDB(t *testing.T) {
 // postmaster, as `pg_ctl stop -m immediate`), which ends every session
 // without a checkpoint, so the restart replays the WAL as after a crash.
 func TestRestartPostgreSQL(t *testing.T) {
+	var logAt int64
 	restartUnderLoad(t, "postgres-restart", "postgres", testenv.DBPostgres,
-		func() { suite.StopPostgresImmediate(t) },
-		func() { suite.MustComeBack(t, "postgres") })
+		func() { logAt = suite.StopPostgresImmediate(t) },
+		func() {
+			suite.MustComeBack(t, "postgres")
+			require.Contains(t, suite.PostgresLogSince(t, logAt), "automatic recovery in progress",
+				"the restart after an immediate stop replays the WAL, as after a crash")
+		})
 }
 
 // restartUnderLoad runs a load on a bed on the database server kind, stops

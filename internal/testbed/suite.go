@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -334,11 +335,16 @@ func (s *Suite) KeepUp(t testing.TB, service string) {
 // -m immediate` does: SIGQUIT to the postmaster (its pid from the data
 // folder's postmaster.pid), which ends every backend at once, without a
 // checkpoint, so the next start replays the WAL as after a crash. It fails
-// t unless the postmaster is gone within 60 s. MustComeBack(t, "postgres")
-// starts it again.
-func (s *Suite) StopPostgresImmediate(t testing.TB) {
+// t unless the postmaster is gone (exited and reaped) within 60 s.
+// MustComeBack(t, "postgres") starts it again. It returns the size of the
+// server's log at the stop, for PostgresLogSince.
+func (s *Suite) StopPostgresImmediate(t testing.TB) int64 {
 	t.Helper()
 	start := time.Now()
+	var logAt int64
+	if fi, err := os.Stat(s.postgresLog(t)); err == nil {
+		logAt = fi.Size()
+	}
 	raw, err := os.ReadFile(filepath.Join(s.Private(t).RunDir(), "postgres", "data", "postmaster.pid"))
 	require.NoError(t, err, "the private PostgreSQL's postmaster.pid")
 	first, _, _ := strings.Cut(string(raw), "\n")
@@ -347,30 +353,35 @@ func (s *Suite) StopPostgresImmediate(t testing.TB) {
 	require.Positive(t, pid)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGQUIT), "SIGQUIT to the postmaster %d", pid)
 	deadline := time.Now().Add(60 * time.Second)
-	for alive(pid) {
+	// Gone means reaped, as services.sh sees it (kill -0): it would take a
+	// zombie postmaster for a running one and not start a new one.
+	for syscall.Kill(pid, 0) == nil {
 		if time.Now().After(deadline) {
 			t.Fatalf("the PostgreSQL postmaster %d still runs 60 s after its SIGQUIT", pid)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("PostgreSQL stopped (immediate, postmaster %d) in %s", pid, time.Since(start).Round(100*time.Millisecond))
+	return logAt
 }
 
-// alive reports whether process pid runs (a zombie, exited but not yet
-// reaped by its parent, does not).
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return !os.IsNotExist(err)
-	}
-	// "pid (comm) state ...": comm may hold spaces and parentheses.
-	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z'
-	}
-	return true
+func (s *Suite) postgresLog(t testing.TB) string {
+	return filepath.Join(s.Private(t).RunDir(), "postgres", "postgres.log")
+}
+
+// PostgresLogSince returns the private PostgreSQL's server log from byte
+// offset off (StopPostgresImmediate's result): what the server said about
+// its restart, such as its crash recovery.
+func (s *Suite) PostgresLogSince(t testing.TB, off int64) string {
+	t.Helper()
+	f, err := os.Open(s.postgresLog(t))
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.Seek(off, io.SeekStart)
+	require.NoError(t, err)
+	b, err := io.ReadAll(f)
+	require.NoError(t, err)
+	return string(b)
 }
 
 // BrokerName names the private broker at addr as services.sh does.

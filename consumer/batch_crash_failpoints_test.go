@@ -47,10 +47,13 @@ func testCrashAfterBatchCommit(t *testing.T, db *sqlx.DB) {
 	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}}, func(cfg *Config) {
 		cfg.BatchTransaction = true
 	})
-	testenv.Eventually(t, 90*time.Second, "every event applied or absorbed", func() bool {
+	if !testenv.Await(90*time.Second, func() bool {
 		s := c.Processor().Stats()
 		return s.Applied+s.Duplicates >= n && s.Applied >= int64(n-committed) && effects(t, db) == n
-	})
+	}) {
+		t.Fatalf("timed out after 90s waiting for every event applied or absorbed: stats %+v, effects %d; %s",
+			c.Processor().Stats(), effects(t, db), testenv.DescribeGroup(t, topic, group, 1))
+	}
 	s := c.Processor().Stats()
 	require.Equal(t, n, effects(t, db))
 	require.Zero(t, countRows(t, db, "SELECT COUNT(*) FROM (SELECT event_id FROM effect GROUP BY event_id HAVING COUNT(*) > 1) d"), "0 double effects")

@@ -71,9 +71,10 @@ func testCrashAfterCommitBeforeAck(t *testing.T, db *sqlx.DB) {
 
 	// A new instance of the group gets the message again: a dedup hit.
 	c := startConsumer(t, db, topic, group, map[string]Route{"Created": {Handler: effectHandler}}, nil)
-	testenv.Eventually(t, 90*time.Second, "the redelivery absorbed as a dedup hit", func() bool {
-		return c.Processor().Stats().Duplicates >= 1
-	})
+	if !testenv.Await(90*time.Second, func() bool { return c.Processor().Stats().Duplicates >= 1 }) {
+		t.Fatalf("timed out after 90s waiting for the redelivery absorbed as a dedup hit: stats %+v; %s",
+			c.Processor().Stats(), testenv.DescribeGroup(t, topic, group, 2))
+	}
 	s := c.Processor().Stats()
 	require.Zero(t, s.Applied, "the handler did not run again")
 	require.Equal(t, 1, effects(t, db), "the effect count did not change")

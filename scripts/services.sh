@@ -43,6 +43,11 @@ BROKER_HEAP=${RMQTX_BROKER_HEAP:-$([[ $BROKERS == 2 ]] && echo 384m || echo 512m
 TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
 TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
+# How long a send may wait in the broker's queue before the broker fails it
+# fast ([TIMEOUT_CLEAN_QUEUE] broker busy); empty keeps broker.conf's value.
+# A test that freezes the broker (SIGSTOP) sets it above the freeze, or the
+# thawed broker may answer the send it held with "broker busy".
+SEND_QUEUE_WAIT_MS=${RMQTX_SEND_QUEUE_WAIT_MS:-}
 WAIT_SECONDS=${RMQTX_WAIT_SECONDS:-180}
 
 LIB_DIR=$CACHE_DIR/rocketmq-$ROCKETMQ_VERSION/lib
@@ -265,6 +270,7 @@ EOF
         -e "s#^transactionCheckInterval=.*#transactionCheckInterval=$TX_CHECK_INTERVAL_MS#" \
         -e "s#^transactionCheckMax=.*#transactionCheckMax=$TX_CHECK_MAX#" \
         -e "s#^forceVerifyPropCRC=.*#forceVerifyPropCRC=$verify#" \
+        ${SEND_QUEUE_WAIT_MS:+-e "s#^waitTimeMillsInSendQueue=.*#waitTimeMillsInSendQueue=$SEND_QUEUE_WAIT_MS#"} \
         "$ROOT/scripts/rocketmq/broker.conf" >"$RMQ_DIR/$svc.conf"
   done
 }

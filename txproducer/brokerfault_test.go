@@ -95,6 +95,11 @@ func (f *faultBed) testHalfStoredLate(t *testing.T) {
 		}
 	}
 	p := startProducer(t, cfg)
+	freeze := 2 * cfg.LocalTxTimeout
+	wait, err := strconv.Atoi(f.broker.settings(t)["waitTimeMillsInSendQueue"])
+	require.NoError(t, err)
+	require.Greater(t, time.Duration(wait)*time.Millisecond, freeze,
+		"the broker holds the queued half through the freeze instead of failing it fast as busy")
 
 	f.broker.freeze(t)
 	type outcome struct {
@@ -114,7 +119,7 @@ func (f *faultBed) testHalfStoredLate(t *testing.T) {
 	}
 	// The broker stays frozen for twice LocalTxTimeout: this elapsed time is
 	// the fault under test, not a wait for a condition.
-	time.Sleep(2 * cfg.LocalTxTimeout)
+	time.Sleep(freeze)
 	f.broker.thaw(t)
 
 	var o outcome

@@ -34,6 +34,10 @@ const (
 	envPrivateKeep = "RMQTX_TXPRODUCER_KEEP_RUN_DIR"
 )
 
+// privateSendQueueWait is the private broker's waitTimeMillsInSendQueue:
+// longer than any freeze of a test here.
+const privateSendQueueWait = 30 * time.Second
+
 // privateBroker is a name server and broker of one test's own, started by
 // scripts/services.sh in a run folder of its own, so that the test can
 // freeze, kill and restart the broker without touching the shared one
@@ -75,6 +79,11 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 		"RMQTX_PG_PORT="+envOrDefault(envPrivatePGPort, "16433"),
 		"RMQTX_NAMESRV_PORT="+envOrDefault(envPrivateNamesrvPort, "16876"),
 		"RMQTX_BROKER_PORT="+envOrDefault(envPrivateBrokerPort, "17911"),
+		// A send that reaches the broker around a freeze waits in its queue
+		// for the whole freeze; with the test bed's 1000 ms the thawed broker
+		// may fail it fast as "broker busy" instead of storing it late (CI
+		// saw "[TIMEOUT_CLEAN_QUEUE] ... period in queue: 2000ms" once).
+		"RMQTX_SEND_QUEUE_WAIT_MS="+strconv.Itoa(int(privateSendQueueWait/time.Millisecond)),
 	)}
 	b.stopAtEnd(t)
 	start := time.Now()

@@ -37,6 +37,7 @@ func testCrashAfterBatchCommit(t *testing.T, db *sqlx.DB) {
 	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{
 		envHelperDB + "=" + testenv.DBRef(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group, envHelperBatch + "=1",
 	}}.MustCrash(t)
+	testenv.AwaitGroupEmpty(t, group, 3*time.Minute)
 
 	// The child committed one batch (several events with their dedup rows)
 	// and died before answering the broker.

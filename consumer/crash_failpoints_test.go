@@ -64,6 +64,7 @@ func testCrashAfterCommitBeforeAck(t *testing.T, db *sqlx.DB) {
 	testenv.Child{Test: "TestHelperProcessConsumer", Failpoint: failpoint.AfterConsumeCommit, Timeout: 90 * time.Second, Env: []string{
 		envHelperDB + "=" + testenv.DBRef(t, db), envHelperTopic + "=" + topic, envHelperGroup + "=" + group,
 	}}.MustCrash(t)
+	testenv.AwaitGroupEmpty(t, group, 3*time.Minute)
 
 	// The child committed the effect and the dedup row, then died unACKed.
 	require.Equal(t, 1, effects(t, db))

@@ -30,3 +30,28 @@ func DescribeGroup(t testing.TB, topic, group string, queues int) string {
 	}
 	return b.String()
 }
+
+// AwaitGroupEmpty waits until the shared broker counts no consumer of group,
+// and logs how long that took: a crash test calls it after killing the
+// group's only consumer and before starting its successor. The broker
+// usually drops a killed consumer when its connection closes, but a
+// heartbeat of the dead process that it handles after the close registers
+// the instance again, and then only the broker's expiry scan removes it
+// (channelExpiredTimeout, 120 s, scanned every 10 s). Until then the
+// successor shares the queues with the dead instance, and the messages of
+// the dead instance's queues wait for the scan.
+func AwaitGroupEmpty(t testing.TB, group string, timeout time.Duration) {
+	t.Helper()
+	start := time.Now()
+	var ids []string
+	var err error
+	if !Await(timeout, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ids, err = remoting.ConsumerIDs(ctx, Load().Broker, 5*time.Second, group)
+		return err == nil && len(ids) == 0
+	}) {
+		t.Fatalf("testenv: the broker still counts consumers %v of group %s after %s (err %v)", ids, group, timeout, err)
+	}
+	t.Logf("the broker dropped group %s's killed consumer %s after the kill", group, time.Since(start).Round(10*time.Millisecond))
+}

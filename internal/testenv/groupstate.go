@@ -53,5 +53,5 @@ func AwaitGroupEmpty(t testing.TB, group string, timeout time.Duration) {
 	}) {
 		t.Fatalf("testenv: the broker still counts consumers %v of group %s after %s (err %v)", ids, group, timeout, err)
 	}
-	t.Logf("the broker dropped group %s's killed consumer %s after the kill", group, time.Since(start).Round(10*time.Millisecond))
+	t.Logf("the broker counts no consumer of group %s any more, %s after the wait began", group, time.Since(start).Round(10*time.Millisecond))
 }

@@ -49,6 +49,7 @@ type Options struct {
 	NoPayload   bool   // txproducer DisablePayloadStorage (experiment)
 	NoTxlogIdx  bool   // drop the txlog's secondary indexes (experiment)
 	Tracing     bool   // producer: add an rmqtx Send side with OpenTelemetry tracing on
+	Phases      bool   // producer: add an rmqtx Send side whose spans give the phase breakdown
 }
 
 var allWorkloads = []string{"roundtrips", "producer", "localtx", "consumer", "outbox", "checkback"}
@@ -100,6 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.NoPayload, "txlog-no-payload", false, "rmqtx producer: DisablePayloadStorage (only the hash is stored in the txlog)")
 	fs.BoolVar(&opt.NoTxlogIdx, "txlog-no-index", false, "experiment: drop the txlog's two secondary indexes (what the insert costs without them; tooling needs them)")
 	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
+	fs.BoolVar(&opt.Phases, "phases", false, "producer: add a side \"rmqtx Send + phase spans\" (every span sampled, kept in memory) whose spans give each Send's half/local/end breakdown and breaks the raw tx sides down too (off by default: the raw sides then run exactly what a user writes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -172,6 +174,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if opt.NoTxlogIdx {
 		rep.Settings["txlog_no_index"] = "true"
+	}
+	if opt.Phases {
+		rep.Settings["phases"] = "true"
 	}
 	for _, k := range []string{"RMQTX_TX_TIMEOUT_MS", "RMQTX_TX_CHECK_INTERVAL_MS", "RMQTX_TX_CHECK_MAX"} {
 		if v := os.Getenv(k); v != "" {
@@ -258,6 +263,7 @@ const (
 	sideRawSendSync = "raw SendSync (ceiling, no DB)"
 	sideRmqtxSend   = "rmqtx Send"
 	sideRmqtxTraced = "rmqtx Send + tracing"
+	sideRmqtxPhases = "rmqtx Send + phase spans"
 
 	sideRawHandler  = "raw handler"
 	sideRawDedup    = "raw handler + dedup"
@@ -292,6 +298,7 @@ func addRatios(w *Workload) {
 		w.AddRatio("rmqtx Send / raw SendSync ceiling (tx/s)", sideRmqtxSend, sideRawSendSync, 0)
 		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
 		w.AddRatio("rmqtx Send + tracing / rmqtx Send", sideRmqtxTraced, sideRmqtxSend, 0)
+		w.AddRatio("rmqtx Send + phase spans / rmqtx Send", sideRmqtxPhases, sideRmqtxSend, 0)
 	case "localtx":
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
 		w.AddRatio("rmqtx local tx / raw + hand-written log", "rmqtx local tx (no broker)", "raw + hand-written log (no broker)", 0)

@@ -15,6 +15,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -31,6 +33,8 @@ type loopSide struct {
 	// business table afterwards.
 	ok    atomic.Int64
 	table string // business table the side writes ("" for none)
+	// probe measures pool waits, checks and phases per round (phases.go).
+	probe *roundProbe
 }
 
 func (s *loopSide) counted(op Op) Op {
@@ -86,7 +90,7 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 		add(s)
 	}
 	// rmqtx Send.
-	if s, err := rmqtxSendSide(ctx, e, nil, false); err != nil {
+	if s, err := rmqtxSendSide(ctx, e, nil, false, false); err != nil {
 		w.Error = err.Error()
 		return w
 	} else {
@@ -94,7 +98,7 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 	}
 	// rmqtx Send with the event id derived from a business key, the path
 	// the README recommends (every Send a first Send of its id).
-	if s, err := rmqtxSendSide(ctx, e, nil, true); err != nil {
+	if s, err := rmqtxSendSide(ctx, e, nil, true, false); err != nil {
 		w.Error = err.Error()
 		return w
 	} else {
@@ -105,7 +109,18 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 	if o.Tracing {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
 		defer func() { _ = tp.Shutdown(context.Background()) }()
-		if s, err := rmqtxSendSide(ctx, e, tp, false); err != nil {
+		if s, err := rmqtxSendSide(ctx, e, tp, false, false); err != nil {
+			w.Error = err.Error()
+			return w
+		} else {
+			add(s)
+		}
+	}
+
+	// rmqtx Send with its spans recorded in memory (-phases): the phase
+	// breakdown of its Sends, measured next to the plain rmqtx Send.
+	if o.Phases {
+		if s, err := rmqtxSendSide(ctx, e, nil, false, true); err != nil {
 			w.Error = err.Error()
 			return w
 		} else {
@@ -115,6 +130,7 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 
 	measureLoops(ctx, e, w, sides)
 	w.Notes = append(w.Notes, tailNotes(w)...)
+	w.Notes = append(w.Notes, phaseNotes(w, o.Phases)...)
 	w.Notes = append(w.Notes,
 		"tx/s counts Sends that returned committed; p50/p99 are per-Send latencies (half message + local tx + end); each side has its own topic (4 queues), group and business table",
 		"the ceiling is a plain SendSync of the same message with no database: what a transactional send costs is the gap between it and the raw tx producer",
@@ -162,10 +178,18 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 			if s.side.Skipped != "" {
 				continue
 			}
+			s.probe.begin()
 			res := RunLoop(ctx, o.Concurrency, o.Duration, o.N, s.op)
 			ro := res.Round(r + 1)
+			ps := s.probe.finish(&ro)
 			s.side.Rounds = append(s.side.Rounds, ro)
 			e.Log("  round %d %-32s %8.1f %s p50 %.2fms p99 %.2fms p99.9 %.2fms errors %d", r+1, name, ro.Rate, s.side.Unit, ro.P50Ms, ro.P99Ms, ro.P999Ms, ro.Errors)
+			if ro.Extra != nil {
+				e.Log("          pool waits %.0f (%.1fms), checks %.0f", ro.Extra["pool_wait_count"], ro.Extra["pool_wait_ms"], ro.Extra["checks"])
+			}
+			if ps.Samples > 0 {
+				e.Log("          phases: %s", ps)
+			}
 			if res.FirstErr != nil {
 				w.Notes = append(w.Notes, fmt.Sprintf("%s round %d: %d errors, first: %v", name, r+1, res.Errors, res.FirstErr))
 			}
@@ -204,6 +228,7 @@ func rawTxSide(ctx context.Context, e *Env) (*loopSide, error) {
 		timeout: func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 10*time.Second)
 		},
+		recs: rawRecsFor(e.Opt),
 	}
 	p, err := rmq.NewTransactionProducer(l,
 		producer.WithNsResolver(e.S.Resolver()),
@@ -222,18 +247,7 @@ func rawTxSide(ctx context.Context, e *Env) (*loopSide, error) {
 		close: func() { _ = p.Shutdown() },
 		table: table,
 	}
-	payloadSize := e.Opt.Payload
-	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
-		id := wire.NewEventID()
-		res, err := p.SendMessageInTransaction(ctx, rawMessage(topic, id, makePayload(payloadSize, seq)))
-		if err != nil {
-			return err
-		}
-		if res.State != primitive.CommitMessageState {
-			return fmt.Errorf("local transaction state %d", res.State)
-		}
-		return nil
-	})
+	s.op = s.counted(rawTxOp(e, p, l, topic, s))
 	return s, nil
 }
 
@@ -261,6 +275,7 @@ func rawTxLogSide(ctx context.Context, e *Env) (*loopSide, error) {
 		timeout: func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 10*time.Second)
 		},
+		recs: rawRecsFor(e.Opt),
 	}
 	p, err := rmq.NewTransactionProducer(l,
 		producer.WithNsResolver(e.S.Resolver()),
@@ -279,19 +294,44 @@ func rawTxLogSide(ctx context.Context, e *Env) (*loopSide, error) {
 		close: func() { _ = p.Shutdown() },
 		table: table,
 	}
+	s.op = s.counted(rawTxOp(e, p, l, topic, s))
+	return s, nil
+}
+
+// rawTxOp is one raw transactional Send, timed by phase: the listener
+// stamps the local transaction (rawRec), the op the call and its return.
+func rawTxOp(e *Env, p rmq.TransactionProducer, l *rawTxListener, topic string, s *loopSide) Op {
 	payloadSize := e.Opt.Payload
-	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
+	log := newPhaseLog(e.Opt.Concurrency)
+	s.probe = &roundProbe{db: e.DB.DB, checks: l.checks.Load, phases: log}
+	return func(ctx context.Context, w int, seq int64) error {
 		id := wire.NewEventID()
-		res, err := p.SendMessageInTransaction(ctx, rawMessage(topic, id, makePayload(payloadSize, seq)))
+		m := rawMessage(topic, id, makePayload(payloadSize, seq))
+		var rec *rawRec
+		if w >= 0 && w < len(l.recs) {
+			rec = &l.recs[w]
+			rec.stamped = false
+			rec.msg.Store(m)
+		}
+		t0 := time.Now()
+		res, err := p.SendMessageInTransaction(ctx, m)
+		t3 := time.Now()
+		if rec != nil {
+			rec.msg.Store(nil)
+		}
 		if err != nil {
 			return err
 		}
 		if res.State != primitive.CommitMessageState {
 			return fmt.Errorf("local transaction state %d", res.State)
 		}
+		if rec != nil {
+			if x, ok := rec.sample(t0, t3); ok {
+				log.add(w, x)
+			}
+		}
 		return nil
-	})
-	return s, nil
+	}
 }
 
 func rawSendSyncSide(ctx context.Context, e *Env) (*loopSide, error) {
@@ -306,6 +346,7 @@ func rawSendSyncSide(ctx context.Context, e *Env) (*loopSide, error) {
 	s := &loopSide{
 		side:  &Side{Name: sideRawSendSync, Unit: "tx/s", Description: "rocketmq-client-go Producer.SendSync of the same message, no database"},
 		close: func() { _ = p.Shutdown() },
+		probe: &roundProbe{db: e.DB.DB}, // no database work of its own: waits here are other sides' background work
 	}
 	payloadSize := e.Opt.Payload
 	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
@@ -344,9 +385,16 @@ func keyedEventID(eventType, key string) string {
 // rmqtxSendSide is txproducer.Send with the same INSERT as the raw sides;
 // keyed supplies the event id, derived from a business key unique in the
 // run, instead of letting txproducer assign one.
-func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed bool) (*loopSide, error) {
+//
+// phases records every Send's spans (SpanSend, SpanHalfSend, SpanLocalTx)
+// with an in-memory processor (spanRecorder) for the phase breakdown; it
+// needs a TracerProvider of its own, so it is a side of its own (-phases).
+func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed, phases bool) (*loopSide, error) {
 	kind := "prmqtx"
-	if keyed {
+	switch {
+	case phases:
+		kind = "prmqtxp"
+	case keyed:
 		kind = "prmqtxk"
 	}
 	topic, group, table := e.Names.Name(kind), e.Names.Name(kind+"g"), e.Names.Name("orders_"+kind)
@@ -360,13 +408,25 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 	if err != nil {
 		return nil, err
 	}
+	var (
+		rec      *spanRecorder
+		shutdown = func() {}
+	)
+	if phases {
+		rec = &spanRecorder{}
+		stp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(rec))
+		tp, shutdown = stp, func() { _ = stp.Shutdown(context.Background()) }
+	}
 	name, desc := sideRmqtxSend, "txproducer.Send: BEGIN; txlog INSERT; business INSERT; COMMIT (defaults: payload stored in the txlog, discard recovery on)"
 	switch {
+	case phases:
+		name, desc = sideRmqtxPhases, desc+"; OpenTelemetry spans for send, half send and local tx (every span sampled), kept by an in-memory span processor for the phase breakdown (-phases)"
 	case tp != nil:
 		name, desc = sideRmqtxTraced, desc+"; OpenTelemetry spans for send, half send and local tx, trace context in the message"
 	case keyed:
 		name, desc = sideRmqtxKeyed, desc+"; Message.EventID derived from a business key (UUIDv5), BusinessKey set"
 	}
+	var checks, recoveries atomic.Int64
 	p, err := txproducer.New(txproducer.Config{
 		NameServers:           []string{e.S.NameServer},
 		Group:                 group,
@@ -375,11 +435,15 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 		WarmupTopics:          []string{topic},
 		DisablePayloadStorage: e.Opt.NoPayload,
 		Observe:               observe.Observe{TracerProvider: tp},
+		OnCheck:               func(checkback.Answer) { checks.Add(1) },
+		OnRecovery:            func(discard.Result) { recoveries.Add(1) },
 	})
 	if err != nil {
+		shutdown()
 		return nil, err
 	}
 	if err := p.Start(ctx); err != nil {
+		shutdown()
 		return nil, fmt.Errorf("txproducer start: %w", err)
 	}
 	s := &loopSide{
@@ -388,13 +452,23 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			_ = p.Shutdown(sctx)
+			shutdown()
 		},
 		table: table,
+		probe: &roundProbe{db: e.DB.DB, checks: checks.Load, extra: func() float64 { return float64(recoveries.Load()) }},
+	}
+	var (
+		log  *phaseLog
+		recs []spanRec
+	)
+	if phases {
+		log, recs = newPhaseLog(e.Opt.Concurrency), make([]spanRec, e.Opt.Concurrency)
+		s.probe.phases = log
 	}
 	insert := e.insertOrderSQL(table)
 	payloadSize := e.Opt.Payload
 	var orders atomic.Int64 // RunLoop's seq restarts every round; keys must not
-	s.op = s.counted(func(ctx context.Context, _ int, seq int64) error {
+	s.op = s.counted(func(ctx context.Context, w int, seq int64) error {
 		id := wire.NewEventID() // the business row's own id, as on the raw sides
 		payload := makePayload(payloadSize, seq)
 		msg := txproducer.Message{Topic: topic, Tags: benchEventType, EventType: benchEventType, Payload: payload}
@@ -402,8 +476,20 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 			id = fmt.Sprintf("order-%s-%d", e.Names.Run(), orders.Add(1)) // the order: the business key
 			msg.BusinessKey, msg.EventID = id, keyedEventID(benchEventType, id)
 		}
+		var sr *spanRec
+		if w >= 0 && w < len(recs) {
+			sr = &recs[w]
+			sr.reset()
+			ctx = withSpanRec(ctx, sr)
+		}
 		res, err := p.Send(ctx, msg, func(ctx context.Context, tx *sqlx.Tx) error {
+			if sr != nil {
+				sr.fn0 = time.Now()
+			}
 			_, err := tx.ExecContext(ctx, insert, id, int64(len(payload)), payload)
+			if sr != nil {
+				sr.fn1 = time.Now()
+			}
 			return err
 		})
 		if err != nil {
@@ -414,6 +500,11 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed b
 		}
 		if res.Duplicate {
 			return fmt.Errorf("event %s was already committed: not a first Send", res.EventID)
+		}
+		if sr != nil {
+			if x, ok := sr.sample(); ok {
+				log.add(w, x)
+			}
 		}
 		return nil
 	})

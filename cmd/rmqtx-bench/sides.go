@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	rmq "github.com/apache/rocketmq-client-go/v2"
 	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
@@ -142,11 +144,21 @@ type rawTxListener struct {
 	logInsert string // when set, a hand-written log row is inserted first
 	check     string
 	timeout   func() (context.Context, context.CancelFunc)
+	// recs, when set, time each Send's local transaction (phases.go).
+	recs rawRecs
+	// checks counts the check-backs answered.
+	checks atomic.Int64
 }
 
 func (l *rawTxListener) ExecuteLocalTransaction(m *primitive.Message) primitive.LocalTransactionState {
 	ctx, cancel := l.timeout()
 	defer cancel()
+	var rec *rawRec
+	if l.recs != nil {
+		if rec = l.recs.find(m); rec != nil {
+			rec.local0 = time.Now()
+		}
+	}
 	id := m.GetProperty(propBenchID)
 	tx, err := l.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -158,17 +170,27 @@ func (l *rawTxListener) ExecuteLocalTransaction(m *primitive.Message) primitive.
 			return primitive.RollbackMessageState
 		}
 	}
+	if rec != nil {
+		rec.pre = time.Now()
+	}
 	if _, err := tx.ExecContext(ctx, l.insert, id, int64(len(m.Body)), m.Body); err != nil {
 		_ = tx.Rollback()
 		return primitive.RollbackMessageState
 	}
+	if rec != nil {
+		rec.fn = time.Now()
+	}
 	if err := tx.Commit(); err != nil {
 		return primitive.RollbackMessageState
+	}
+	if rec != nil {
+		rec.commit, rec.stamped = time.Now(), true
 	}
 	return primitive.CommitMessageState
 }
 
 func (l *rawTxListener) CheckLocalTransaction(m *primitive.MessageExt) primitive.LocalTransactionState {
+	l.checks.Add(1)
 	ctx, cancel := l.timeout()
 	defer cancel()
 	var n int

@@ -2,8 +2,10 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,7 +183,7 @@ func testHeldClaimZombie(t *testing.T, b *bed) {
 
 // rowWrites counts, per event id, the UPDATEs of b's outbox table from now
 // on (a trigger logs each one).
-func rowWrites(t *testing.T, b *bed) func() map[string]int {
+func rowWrites(t *testing.T, b *bed) func() map[string][]string {
 	t.Helper()
 	log := b.table.Name() + "_writes"
 	stmts := []string{
@@ -201,15 +203,15 @@ func rowWrites(t *testing.T, b *bed) func() map[string]int {
 		_, err := b.db.Exec(q)
 		require.NoError(t, err)
 	}
-	return func() map[string]int {
+	return func() map[string][]string {
 		var rows []struct {
-			ID string `db:"event_id"`
-			N  int    `db:"n"`
+			ID     string `db:"event_id"`
+			Status string `db:"status"`
 		}
-		require.NoError(t, b.db.Select(&rows, "SELECT event_id, COUNT(*) AS n FROM "+log+" GROUP BY event_id"))
-		out := map[string]int{}
+		require.NoError(t, b.db.Select(&rows, "SELECT event_id, status FROM "+log+" ORDER BY n"))
+		out := map[string][]string{}
 		for _, r := range rows {
-			out[r.ID] = r.N
+			out[r.ID] = append(out[r.ID], r.Status)
 		}
 		return out
 	}
@@ -217,16 +219,32 @@ func rowWrites(t *testing.T, b *bed) func() map[string]int {
 
 // One write per row: a dispatcher with a batch sink writes each row once
 // (PENDING -> SENT), one with a plain sink twice (-> SENDING -> SENT). The
-// broker receives each event once either way.
+// broker receives each event once either way. A failed send (a busy broker
+// on a loaded machine) adds its own writes (RETRY; SENDING and RETRY), so
+// every row's writes must be exactly its failed attempts' and then the
+// successful one's, and most rows must have had no failed attempt.
 func TestOneWritePerRowWithBatchSink(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name   string
-		writes int
+		sent   []string // the writes of an attempt that succeeds
+		failed []string // the writes of one that fails
+		fails  bool     // the sink fails its first attempt
 		sink   func(s *RocketMQSink) Sink
 	}{
-		{"batch sink (held claims)", 1, func(s *RocketMQSink) Sink { return s }},
-		{"plain sink (two writes)", 2, func(s *RocketMQSink) Sink { return FuncSink(s.Send) }},
+		{"batch sink (held claims)", []string{"SENT"}, []string{"RETRY"}, false, func(s *RocketMQSink) Sink { return s }},
+		{"plain sink (two writes)", []string{"SENDING", "SENT"}, []string{"SENDING", "RETRY"}, false, func(s *RocketMQSink) Sink { return FuncSink(s.Send) }},
+		// The first attempt fails: its rows are written RETRY, then SENT.
+		{"batch sink, first batch fails", []string{"SENT"}, []string{"RETRY"}, true, func(s *RocketMQSink) Sink { return &failFirstBatch{RocketMQSink: s} }},
+		{"plain sink, first send fails", []string{"SENDING", "SENT"}, []string{"SENDING", "RETRY"}, true, func(s *RocketMQSink) Sink {
+			var failed atomic.Bool
+			return FuncSink(func(ctx context.Context, m *Message) error {
+				if failed.CompareAndSwap(false, true) {
+					return Transient(errors.New("test: the first send fails"))
+				}
+				return s.Send(ctx, m)
+			})
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -241,9 +259,35 @@ func TestOneWritePerRowWithBatchSink(t *testing.T) {
 				b.waitStatus(t, StatusSent, n, 2*time.Minute)
 				snap := col.WaitDistinct(t, n, time.Minute)
 				w := writes()
+				var tries []struct {
+					ID      string `db:"event_id"`
+					Retries int    `db:"retry_count"`
+				}
+				require.NoError(t, b.db.Select(&tries, "SELECT event_id, retry_count FROM "+b.table.Name()))
+				retries := map[string]int{}
+				for _, r := range tries {
+					retries[r.ID] = r.Retries
+				}
+				// A send that fails (a busy broker on a loaded machine)
+				// writes its row RETRY, by design: the hot path is the
+				// attempt that succeeds. So each row's writes are exactly
+				// its failed attempts' and then one successful attempt's.
+				clean := 0
 				for _, id := range ids {
 					require.Equal(t, 1, snap.Counts[id], "row %s delivered once", id)
-					require.Equal(t, c.writes, w[id], "row %s written %d times", id, w[id])
+					var want []string
+					for range retries[id] {
+						want = append(want, c.failed...)
+					}
+					want = append(want, c.sent...)
+					require.Equal(t, want, w[id], "row %s (retry_count %d): its writes", id, retries[id])
+					if retries[id] == 0 {
+						clean++
+					}
+				}
+				require.Greater(t, clean, n/2, "most rows went through on their first attempt: the proof is about them")
+				if c.fails {
+					require.Less(t, clean, n, "the failed first attempt left rows written RETRY")
 				}
 				// The table shows SENT when the outcome commits; the counter
 				// follows just after (held.go counts once the commit returned).
@@ -251,10 +295,25 @@ func TestOneWritePerRowWithBatchSink(t *testing.T) {
 				st := d.Stats()
 				require.EqualValues(t, n, st.Sent)
 				require.Zero(t, st.MarkErrors+st.LostLeases+st.TookOver)
-				t.Logf("%s: %d rows, %d write(s) each, %d claims' worth of rows, each delivered once", c.name, n, c.writes, st.Claimed)
+				t.Logf("%s: %d rows, %d of them on their first attempt with %d write(s) each (%v), %d claims' worth of rows, each delivered once",
+					c.name, n, clean, len(c.sent), c.sent, st.Claimed)
 			})
 		})
 	}
+}
+
+// failFirstBatch is the RocketMQSink whose first SendBatch fails with a
+// transient error for every message.
+type failFirstBatch struct {
+	*RocketMQSink
+	failed atomic.Bool
+}
+
+func (f *failFirstBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
+	if f.failed.CompareAndSwap(false, true) {
+		return repeat(Transient(errors.New("test: the first batch fails")), len(msgs))
+	}
+	return f.RocketMQSink.SendBatch(ctx, msgs)
 }
 
 // blockingBatch is a BatchSink whose sends wait for release or their

@@ -2,7 +2,6 @@ package remoting
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -34,7 +33,7 @@ func ConsumerIDs(ctx context.Context, addr string, timeout time.Duration, group 
 	var l struct {
 		ConsumerIDList []string `json:"consumerIdList"`
 	}
-	if err := json.Unmarshal(unquotedKeyRE.ReplaceAll(body, []byte(`$1"$2":`)), &l); err != nil {
+	if err := decodeJSON(body, &l); err != nil {
 		return nil, fmt.Errorf("remoting: decode consumers of %s from %s: %w", group, addr, err)
 	}
 	sort.Strings(l.ConsumerIDList)
@@ -50,18 +49,11 @@ func ConsumerOffset(ctx context.Context, addr string, timeout time.Duration, gro
 	if err != nil {
 		return 0, false, err
 	}
-	switch h.Code {
-	case ResSuccess:
-	case ResQueryNotFound:
+	if h.Code == ResQueryNotFound {
 		return 0, false, nil
-	default:
-		return 0, false, fmt.Errorf("remoting: offset of %s on %s: code %d: %s", group, addr, h.Code, h.Remark)
 	}
-	offset, err = strconv.ParseInt(h.ExtFields["offset"], 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("remoting: offset of %s on %s: %w", group, addr, err)
-	}
-	return offset, true, nil
+	offset, err = offsetOf(h, "offset of "+group+" on "+addr)
+	return offset, err == nil, err
 }
 
 // MaxOffset returns the offset after the last message of one queue of topic
@@ -71,12 +63,18 @@ func MaxOffset(ctx context.Context, addr string, timeout time.Duration, topic st
 	if err != nil {
 		return 0, err
 	}
+	return offsetOf(h, "max offset of "+topic+" on "+addr)
+}
+
+// offsetOf reads the "offset" field of a successful answer; what names the
+// request in errors.
+func offsetOf(h Header, what string) (int64, error) {
 	if h.Code != ResSuccess {
-		return 0, fmt.Errorf("remoting: max offset of %s on %s: code %d: %s", topic, addr, h.Code, h.Remark)
+		return 0, fmt.Errorf("remoting: %s: code %d: %s", what, h.Code, h.Remark)
 	}
 	offset, err := strconv.ParseInt(h.ExtFields["offset"], 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("remoting: max offset of %s on %s: %w", topic, addr, err)
+		return 0, fmt.Errorf("remoting: %s: %w", what, err)
 	}
 	return offset, nil
 }

@@ -30,6 +30,12 @@ type RouteBroker struct {
 // ',' or '{', so the match cannot start inside a string value.
 var unquotedKeyRE = regexp.MustCompile(`([{,])(\d+):`)
 
+// decodeJSON decodes a remoting body into v, quoting its integer map keys
+// first (unquotedKeyRE).
+func decodeJSON(body []byte, v any) error {
+	return json.Unmarshal(unquotedKeyRE.ReplaceAll(body, []byte(`$1"$2":`)), v)
+}
+
 type routeJSON struct {
 	BrokerDatas []struct {
 		BrokerName  string            `json:"brokerName"`
@@ -48,7 +54,7 @@ type routeJSON struct {
 // for the topic is left out.
 func ParseRoute(body []byte) ([]RouteBroker, error) {
 	var r routeJSON
-	if err := json.Unmarshal(unquotedKeyRE.ReplaceAll(body, []byte(`$1"$2":`)), &r); err != nil {
+	if err := decodeJSON(body, &r); err != nil {
 		return nil, fmt.Errorf("remoting: decode route: %w", err)
 	}
 	addr := map[string]string{}
@@ -114,7 +120,7 @@ func ProducerConnections(ctx context.Context, addr string, timeout time.Duration
 			ClientID string `json:"clientId"`
 		} `json:"connectionSet"`
 	}
-	if err := json.Unmarshal(unquotedKeyRE.ReplaceAll(body, []byte(`$1"$2":`)), &pc); err != nil {
+	if err := decodeJSON(body, &pc); err != nil {
 		return nil, fmt.Errorf("remoting: decode producer connections from %s: %w", addr, err)
 	}
 	out := make([]string, 0, len(pc.ConnectionSet))

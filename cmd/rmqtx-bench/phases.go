@@ -16,11 +16,12 @@ import (
 	"github.com/rmqtx/rmqtx/internal/otelx"
 )
 
-// Issue 25 item 5 (tail latency): what makes a Send slow. Every producer
-// side with a local transaction records, per Send, how long each phase took;
-// every round reports each phase's p50 and p99 and, over the Sends slower
-// than the round's p99, the mean share of each phase in the Send. Pool waits
-// and answered check-backs are counted per round on every side.
+// Issue 25 item 5 (tail latency): what makes a Send slow. With -phases the
+// raw tx sides and the side "rmqtx Send + phase spans" record, per Send, how
+// long each phase took; every round reports each phase's p50 and p99 and,
+// over the Sends slower than the round's p99, the mean share of each phase
+// in the Send. Pool waits and answered check-backs are counted per round on
+// every side, with or without -phases.
 
 // Phases of one transactional Send. The first three add up to the Send; the
 // last three split the local phase.
@@ -233,21 +234,16 @@ type spanRec struct {
 type spanRecKey struct{}
 
 // spanRecorder is an OpenTelemetry SpanProcessor that keeps nothing but
-// the spans of the Send whose record is in the parent context, and counts
-// check spans.
-type spanRecorder struct{ checks atomic.Int64 }
+// the spans of the Send whose record is in the parent context (checks are
+// counted by txproducer's OnCheck, not here).
+type spanRecorder struct{}
 
 func (r *spanRecorder) OnStart(parent context.Context, s sdktrace.ReadWriteSpan) {
-	name := s.Name()
-	if name == otelx.SpanCheck {
-		r.checks.Add(1)
-		return
-	}
 	rec, _ := parent.Value(spanRecKey{}).(*spanRec)
 	if rec == nil {
 		return
 	}
-	switch name {
+	switch s.Name() {
 	case otelx.SpanSend:
 		rec.send = s
 	case otelx.SpanHalfSend:
@@ -288,14 +284,14 @@ func (rec *spanRec) sample() (phaseSample, bool) {
 // roundProbe is what a side measures around each round besides the loop:
 // the pool's waits, the checks its producer answered, its phase samples.
 type roundProbe struct {
-	db     *sql.DB
-	checks func() int64   // answered checks so far (nil: none)
-	phases *phaseLog      // nil: no breakdown on this side
-	extra  func() float64 // discard recoveries so far (rmqtx), or nil
+	db         *sql.DB
+	checks     func() int64 // answered checks so far (nil: none)
+	phases     *phaseLog    // nil: no breakdown on this side
+	recoveries func() int64 // discard recoveries so far (rmqtx), or nil
 
-	st0     sql.DBStats
-	checks0 int64
-	extra0  float64
+	st0         sql.DBStats
+	checks0     int64
+	recoveries0 int64
 }
 
 func (p *roundProbe) begin() {
@@ -308,8 +304,8 @@ func (p *roundProbe) begin() {
 	if p.checks != nil {
 		p.checks0 = p.checks()
 	}
-	if p.extra != nil {
-		p.extra0 = p.extra()
+	if p.recoveries != nil {
+		p.recoveries0 = p.recoveries()
 	}
 	if p.phases != nil {
 		p.phases.take() // drop the warm-up's and earlier rounds' leftovers
@@ -334,8 +330,8 @@ func (p *roundProbe) finish(r *Round) PhaseSummary {
 	if p.checks != nil {
 		r.Extra["checks"] = float64(p.checks() - p.checks0)
 	}
-	if p.extra != nil {
-		r.Extra["recoveries"] = p.extra() - p.extra0
+	if p.recoveries != nil {
+		r.Extra["recoveries"] = float64(p.recoveries() - p.recoveries0)
 	}
 	if p.phases == nil {
 		return PhaseSummary{}

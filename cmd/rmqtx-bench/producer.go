@@ -455,7 +455,7 @@ func rmqtxSendSide(ctx context.Context, e *Env, tp trace.TracerProvider, keyed, 
 			shutdown()
 		},
 		table: table,
-		probe: &roundProbe{db: e.DB.DB, checks: checks.Load, extra: func() float64 { return float64(recoveries.Load()) }},
+		probe: &roundProbe{db: e.DB.DB, checks: checks.Load, recoveries: recoveries.Load},
 	}
 	var (
 		log  *phaseLog

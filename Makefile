@@ -4,7 +4,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 PKGS ?= ./...
 
-.PHONY: help up down status logs demo test test-upstream test-short test-race lint fuzz bench
+.PHONY: help up down status logs quickstart demo test test-upstream test-short test-race lint fuzz bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -20,6 +20,16 @@ status: ## show which services run
 
 logs: ## tail the services' logs
 	@bash scripts/services.sh logs
+
+quickstart: ## README's program (examples/quickstart) on MariaDB and RocketMQ, started first (DB=postgres: PostgreSQL)
+	@case "$(DB)" in \
+	  "" | mariadb | mysql) db=mariadb flag= ;; \
+	  postgres | postgresql | pg) db=postgres flag=-postgres ;; \
+	  *) echo "quickstart: DB is mariadb (default) or postgres, not $(DB)" >&2; exit 2 ;; \
+	esac; \
+	bash scripts/services.sh up $$db namesrv broker && \
+	eval "$$(bash scripts/services.sh env)" && \
+	$(GO) run ./examples/quickstart $$flag -namesrv "$$RMQTX_NAMESRV"
 
 demo: ## the main job: start the services and run the end-to-end demo (DB=postgres: on PostgreSQL)
 	@DB=$(DB) bash scripts/demo.sh

@@ -12,15 +12,20 @@ import (
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/retire"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
-// DefaultTablePrefix is the prefix of every rmqtx table unless configured:
-// the one rmqtx default (internal/sqlname).
-const DefaultTablePrefix = sqlname.DefaultPrefix
+// DefaultPrefix is the prefix of every rmqtx table unless configured (an
+// empty prefix means it): the one rmqtx default (internal/sqlname).
+const DefaultPrefix = sqlname.DefaultPrefix
+
+// DefaultTablePrefix is the old name of DefaultPrefix.
+//
+// Deprecated: use DefaultPrefix.
+const DefaultTablePrefix = DefaultPrefix
 
 // Default retentions (see the package documentation for why they are safe).
 const (
@@ -81,7 +86,7 @@ func (retentionTooShort) Is(target error) bool {
 type Config struct {
 	// DB holds the tables. Required.
 	DB *sqlx.DB
-	// TablePrefix of all rmqtx tables. Default DefaultTablePrefix.
+	// TablePrefix of all rmqtx tables. Default DefaultPrefix.
 	TablePrefix string
 	// Tables to process. Default AllTables. A table that does not exist is
 	// reported as missing and skipped (a service may use only some parts).
@@ -106,14 +111,18 @@ type Config struct {
 	// Now returns the current time; cutoffs are Now() - retention. Default
 	// time.Now. Timestamps in the tables are UTC.
 	Now func() time.Time
-	// Logger receives one line per table. Default quiet.
-	Logger logrus.FieldLogger
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), as in every rmqtx Config, so one Observe value can be handed
+	// to every component. The archiver logs one line per table to Logger
+	// (default quiet); it records no metrics and no spans, so Metrics and
+	// TracerProvider are not used.
+	observe.Observe
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.TablePrefix == "" {
-		c.TablePrefix = DefaultTablePrefix
+		c.TablePrefix = DefaultPrefix
 	}
 	if len(c.Tables) == 0 {
 		c.Tables = AllTables
@@ -134,7 +143,7 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	c.Logger = rmqlog.OrQuiet(c.Logger)
+	c.Observe = c.Observe.WithDefaults()
 	return c
 }
 

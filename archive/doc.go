@@ -27,7 +27,7 @@
 //
 // Production broker defaults: transactionTimeOut 6s, transactionCheckInterval
 // 30s, transactionCheckMax 15, so the broker may check a half message for
-// about 6s + 15 x 30s = 7.5 minutes (the test bed: 3s + 5 x 2s = 13s), after
+// about 6s + 15 x 30s = 7.5 minutes (the test bed: 3s + 32 x 2s = 67s), after
 // which the half message is discarded and rmqtx's discard recovery reads the
 // txlog row to re-publish or drop it. The broker keeps messages for
 // fileReservedTime (default 72h); a consumer may see any of them again (a

@@ -2,7 +2,6 @@ package checkback
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -164,16 +163,7 @@ func Redelivered(m *primitive.MessageExt) bool {
 // CommittedHalf returns the UNIQ_KEY of the half message whose local
 // transaction wrote row, or "" when the row does not say (fence and
 // resolver rows, rows written before rmqtx recorded it).
-func CommittedHalf(row txlog.Row) string {
-	if row.Properties == "" {
-		return ""
-	}
-	var props map[string]string
-	if json.Unmarshal([]byte(row.Properties), &props) != nil {
-		return ""
-	}
-	return props[primitive.PropertyUniqueClientMessageIdKeyIndex]
-}
+func CommittedHalf(row txlog.Row) string { return row.Half() }
 
 // OtherHalf reports whether the half message whose UNIQ_KEY is halfKey is
 // not the one that committed row: row is COMMITTED and records another
@@ -331,6 +321,11 @@ func (c *Checker) CheckQuery(ctx context.Context, q Query) (a Answer) {
 
 	row, err := c.cfg.Log.Get(ctx, q.EventID)
 	switch {
+	case err == nil && txlog.Retakable(row, q.HalfKey):
+		// The id was rolled back for another half; a Send retrying the id
+		// may be committing it with this half now (txlog.Store.Retake).
+		// The row says nothing about this half: decide as if it had none.
+		return c.undecided(ctx, a, q)
 	case err == nil:
 		return c.fromRow(a, row, q, ReasonFound)
 	case !errors.Is(err, txlog.ErrNotFound):
@@ -356,6 +351,13 @@ func (c *Checker) CheckQuery(ctx context.Context, q Query) (a Answer) {
 		}
 	}
 
+	return c.undecided(ctx, a, q)
+}
+
+// undecided answers for a half that no row decides: UNKNOWN while it is
+// younger than FenceAge, after that a fence (which waits on a local
+// transaction or a retake still in flight) and what the row then says.
+func (c *Checker) undecided(ctx context.Context, a Answer, q Query) Answer {
 	// Clock skew: a negative age (producer clock ahead of ours) counts as
 	// young; the transaction is fenced once our clock passes born+FenceAge,
 	// or recovery handles it if the broker discards it first.
@@ -380,6 +382,10 @@ func (c *Checker) rowFor(q Query, by txlog.ResolvedBy) txlog.Row {
 	return txlog.Row{
 		EventID: q.EventID, ProducerGroup: c.cfg.Group, Topic: q.Topic, Tags: q.Tags, Keys: q.Keys,
 		EventType: q.EventType, BusinessKey: q.BusinessKey, PayloadHash: q.PayloadHash, ResolvedBy: by,
+		// The row names the half it decides: a Send of that half that
+		// comes late can never take the id over (txlog.Retakable), and
+		// other halves of the id are not decided by it.
+		Properties: txlog.HalfProperties(q.HalfKey),
 	}
 }
 

@@ -24,6 +24,13 @@ type fakeLog struct {
 	rows   map[string]txlog.Row
 	getErr error
 	block  bool // Get waits for ctx
+	fences map[string]int
+}
+
+func (f *fakeLog) fenceCalls(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fences[id]
 }
 
 func newFakeLog() *fakeLog { return &fakeLog{rows: map[string]txlog.Row{}} }
@@ -56,6 +63,12 @@ func (f *fakeLog) Record(_ context.Context, r txlog.Row) (txlog.Row, bool, error
 }
 
 func (f *fakeLog) Fence(ctx context.Context, r txlog.Row) (txlog.Row, bool, error) {
+	f.mu.Lock()
+	if f.fences == nil {
+		f.fences = map[string]int{}
+	}
+	f.fences[r.EventID]++
+	f.mu.Unlock()
 	r.State = txlog.StateRolledBack
 	if r.ResolvedBy == "" {
 		r.ResolvedBy = txlog.ByFence
@@ -164,7 +177,10 @@ func TestOtherHalfIsRolledBack(t *testing.T) {
 		{"e", "loser", checkback.Rollback, checkback.ReasonOtherHalf},
 		{"e", "", checkback.Commit, checkback.ReasonFound}, // no UNIQ_KEY: never decided from an absence
 		{"old", "loser", checkback.Commit, checkback.ReasonFound},
-		{"rb", "loser", checkback.Rollback, checkback.ReasonFound},
+		{"rb", "winner", checkback.Rollback, checkback.ReasonFound},
+		// rolled back for another half: a retry of the id may be taking it
+		// over with this half, so the row does not decide it (young: UNKNOWN)
+		{"rb", "loser", checkback.Unknown, checkback.ReasonYoung},
 	} {
 		a := c.Check(ctx, halfMessage("g", tc.id, tc.half, body))
 		require.Equal(t, tc.want, a.Decision, "%s/%s", tc.id, tc.half)
@@ -174,6 +190,47 @@ func TestOtherHalfIsRolledBack(t *testing.T) {
 	require.Empty(t, checkback.CommittedHalf(old))
 	require.Empty(t, checkback.CommittedHalf(txlog.Row{Properties: "not json"}))
 	require.Equal(t, "loser", checkback.QueryFromMessage(halfMessage("g", "e", "loser", body)).HalfKey)
+}
+
+// The half property the txlog names is the client's UNIQ_KEY.
+func TestHalfPropertyIsUniqKey(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, primitive.PropertyUniqueClientMessageIdKeyIndex, txlog.HalfProperty)
+	require.Equal(t, "h1", txlog.Row{Properties: txlog.HalfProperties("h1")}.Half())
+}
+
+// A row rolled back for another half does not decide this half: young, the
+// check answers UNKNOWN (a Send retrying the id may be taking it over with
+// this half); past the fence age it fences this half and answers what the
+// row then says: ROLLBACK, or COMMIT when the retake with this half won.
+// Fence rows and resolver rows name the half they decide.
+func TestRolledBackForAnotherHalf(t *testing.T) {
+	t.Parallel()
+	body := []byte(`{"a":1}`)
+	log := newFakeLog()
+	rb := committedRow("rb", "orders", "first", body)
+	rb.State = txlog.StateRolledBack
+	log.rows["rb"] = rb
+	c := checker(t, log, nil)
+	ctx := context.Background()
+	old := func(id, half string) *primitive.MessageExt {
+		m := halfMessage("g", id, half, body)
+		m.BornTimestamp = now.Add(-time.Minute).UnixMilli()
+		return m
+	}
+	a := c.Check(ctx, old("rb", "second"))
+	require.Equal(t, checkback.Rollback, a.Decision)
+	require.Equal(t, checkback.ReasonFenced, a.Reason)
+	require.Equal(t, 1, log.fenceCalls("rb"), "the half was fenced")
+
+	won := committedRow("rb", "orders", "third", body) // the retake with "third" committed
+	log.rows["rb"] = won
+	require.Equal(t, checkback.Commit, c.Check(ctx, old("rb", "third")).Decision)
+	require.Equal(t, checkback.Rollback, c.Check(ctx, old("rb", "first")).Decision)
+
+	a = c.Check(ctx, old("none", "h9"))
+	require.Equal(t, checkback.ReasonFenced, a.Reason)
+	require.Equal(t, "h9", log.rows["none"].Half(), "a fence row names its half")
 }
 
 func TestProbeMessagesRollBack(t *testing.T) {

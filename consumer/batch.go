@@ -8,10 +8,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/jmoiron/sqlx"
-
-	rmq "github.com/apache/rocketmq-client-go/v2/consumer"
 
 	"github.com/rmqtx/rmqtx/internal/dialect"
 )
@@ -331,15 +328,4 @@ func (b *batchSQL) deleteLog() string {
 	return b.get("delete", func() string {
 		return "DELETE FROM " + b.log + " WHERE consumer_group = ? AND event_id = ?"
 	})
-}
-
-// consumeTxBatch is onMessages in batch mode: one ProcessBatch for the
-// delivered messages, then the ACK (or the re-sends of the ones to retry) as
-// consumeBatch does.
-func consumeTxBatch(ctx context.Context, p *Processor, rs resender, msgs []*primitive.MessageExt) (rmq.ConsumeResult, error) {
-	in := make([]Message, len(msgs))
-	for i, m := range msgs {
-		in[i] = MessageFromExt(m)
-	}
-	return settle(ctx, rs, msgs, p.ProcessBatch(ctx, in))
 }

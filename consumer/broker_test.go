@@ -56,10 +56,8 @@ func startConsumer(t *testing.T, db *sqlx.DB, topic, group string, routes map[st
 	t.Helper()
 	s := testenv.Integration(t)
 	cfg := Config{
-		ProcessorConfig: ProcessorConfig{
-			Group: group, DB: db, Routes: routes,
-			DelayLevel: func(Class, int) int { return 1 },
-		},
+		Group: group, DB: db, Routes: routes,
+		DelayLevel:  func(Class, int) int { return 1 },
 		NameServers: []string{s.NameServer},
 		Topic:       topic,
 	}
@@ -418,8 +416,8 @@ func TestHandlerErrorRedelivered(t *testing.T) {
 				}
 				cr := &countingResender{}
 				c, err := New(Config{
-					ProcessorConfig: ProcessorConfig{Group: group, DB: db, Routes: routes, DelayLevel: func(Class, int) int { return 1 }},
-					NameServers:     []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
+					Group: group, DB: db, Routes: routes, DelayLevel: func(Class, int) int { return 1 },
+					NameServers: []string{testenv.Load().NameServer}, Topic: topic, BatchSize: batch,
 				})
 				require.NoError(t, err)
 				c.wrapResend = func(r resender) resender { cr.next = r; return cr }
@@ -548,8 +546,8 @@ func TestStartCreatesRetryTopic(t *testing.T) {
 	require.ErrorIs(t, err, remoting.ErrTopicNotFound, "a new group has no retry topic yet")
 
 	c, err := New(Config{
-		ProcessorConfig: ProcessorConfig{Group: group, DB: db,
-			Routes: map[string]Route{"Created": {Handler: func(context.Context, *sqlx.Tx, Event) error { return nil }}}},
+		Group: group, DB: db,
+		Routes:      map[string]Route{"Created": {Handler: func(context.Context, *sqlx.Tx, Event) error { return nil }}},
 		NameServers: []string{s.NameServer},
 		Topic:       topic,
 	})

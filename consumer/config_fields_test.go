@@ -16,8 +16,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
 	h := func(context.Context, *sqlx.Tx, Event) error { return nil }
 	ok := Config{
-		ProcessorConfig: ProcessorConfig{Group: "g", DB: sqlx.NewDb(nil, "mysql"), Routes: map[string]Route{"T": {Handler: h}}},
-		NameServers:     []string{"127.0.0.1:9876"}, Topic: "t",
+		Group: "g", DB: sqlx.NewDb(nil, "mysql"), Routes: map[string]Route{"T": {Handler: h}},
+		NameServers: []string{"127.0.0.1:9876"}, Topic: "t",
 	}
 	configtest.FieldErrors(t, "consumer: ", ErrConfig, ok, func(c Config) error { _, err := New(c); return err }, []configtest.Case[Config]{
 		{"Group", func(c *Config) { c.Group = "" }},
@@ -35,5 +35,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Topic", func(c *Config) { c.Topic = "a b" }},
 		{"Topic", func(c *Config) { c.Topic = "" }},
 		{"BatchSize", func(c *Config) { c.BatchSize = 2000 }},
+		{"ProcessorConfig", func(c *Config) { c.ProcessorConfig = ProcessorConfig{Group: "g"} }},
 	})
 }

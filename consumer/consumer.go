@@ -6,25 +6,55 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
 	rmq "github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/hooks"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/pushstop"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
+	"github.com/rmqtx/rmqtx/observe"
 )
 
-// Config configures a Consumer: the processing core plus the broker wiring.
+// Config configures a Consumer: the processing core plus the broker wiring,
+// all at one level, as in every other rmqtx Config:
+//
+//	consumer.Config{Group: "points", DB: db, Routes: routes,
+//		Observe: observe.Observe{Logger: l}, NameServers: ns, Topic: "payments"}
 type Config struct {
-	ProcessorConfig
+	// The processing fields mean what the fields of the same name in
+	// ProcessorConfig mean, defaults and checks included; Processing
+	// returns them as the ProcessorConfig the Consumer's Processor gets.
+
+	Group              string                         // the consumer group, the dedup scope. Required.
+	DB                 *sqlx.DB                       // the consume log and the business tables. Required.
+	TablePrefix        string                         // of the consumer tables. Default DefaultPrefix.
+	Routes             map[string]Route               // event type -> Route. At least one is required.
+	UnknownType        UnknownTypePolicy              // types without a Route. Default UnknownPark.
+	Adopt              *Adoption                      // messages without rmqtx's envelope. Default nil: parked.
+	VersionMode        VersionMode                    // the aggregate-version guard. Default VersionStrict.
+	StrictFirstVersion int64                          // first version strict mode expects. Default 1.
+	MaxRetries         int                            // transient and unknown failures before parking. Default 10.
+	MaxWaits           int                            // Wait failures before parking. Default 20.
+	DelayLevel         func(c Class, attempt int) int // redelivery delay. Default DefaultDelayLevel.
+	ProcessTimeout     time.Duration                  // one message's transaction. Default 30s.
+	DedupCacheSize     int                            // committed-id cache entries. Default DefaultDedupCacheSize.
+	Redact             func(payload []byte) []byte    // what a dead letter stores. Default RedactPayload.
+	RedactText         func(string) string            // applied to logged and stored error texts.
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), the same in every rmqtx component: the zero value logs,
+	// counts and traces nothing.
+	observe.Observe
 
 	// NameServers lists the name server addresses (host:port). Required;
 	// the client's default HTTP resolver is never used.
@@ -63,11 +93,48 @@ type Config struct {
 	// is a backstop: the default, max(MaxRetries, MaxWaits)+3, lets rmqtx
 	// park the message in its table first.
 	MaxReconsumeTimes int
+
+	// ProcessorConfig is the earlier spelling of the processing fields,
+	// kept so that code written as Config{ProcessorConfig: ...} compiles.
+	// WithDefaults copies it into them when they are all unset; setting
+	// both is an ErrConfig.
+	//
+	// Deprecated: set the processing fields of Config directly.
+	ProcessorConfig ProcessorConfig
 }
+
+// Processing returns the processing fields of c as a ProcessorConfig: what
+// NewProcessor takes, for a Processor driven without the push consumer.
+func (c Config) Processing() ProcessorConfig {
+	return ProcessorConfig{
+		Group: c.Group, DB: c.DB, TablePrefix: c.TablePrefix, Routes: c.Routes,
+		UnknownType: c.UnknownType, Adopt: c.Adopt, VersionMode: c.VersionMode,
+		StrictFirstVersion: c.StrictFirstVersion, MaxRetries: c.MaxRetries, MaxWaits: c.MaxWaits,
+		DelayLevel: c.DelayLevel, ProcessTimeout: c.ProcessTimeout, DedupCacheSize: c.DedupCacheSize,
+		Redact: c.Redact, RedactText: c.RedactText, Observe: c.Observe,
+	}
+}
+
+// setProcessing sets the processing fields of c from p (Processing's inverse).
+func (c *Config) setProcessing(p ProcessorConfig) {
+	c.Group, c.DB, c.TablePrefix, c.Routes = p.Group, p.DB, p.TablePrefix, p.Routes
+	c.UnknownType, c.Adopt, c.VersionMode = p.UnknownType, p.Adopt, p.VersionMode
+	c.StrictFirstVersion, c.MaxRetries, c.MaxWaits = p.StrictFirstVersion, p.MaxRetries, p.MaxWaits
+	c.DelayLevel, c.ProcessTimeout, c.DedupCacheSize = p.DelayLevel, p.ProcessTimeout, p.DedupCacheSize
+	c.Redact, c.RedactText, c.Observe = p.Redact, p.RedactText, p.Observe
+}
+
+// isZero reports whether p sets nothing. Reflection, not a field list: a
+// field added to ProcessorConfig later is covered without an edit here.
+func (p ProcessorConfig) isZero() bool { return reflect.ValueOf(p).IsZero() }
 
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
-	c.ProcessorConfig = c.ProcessorConfig.WithDefaults()
+	if !c.ProcessorConfig.isZero() && c.Processing().isZero() {
+		c.setProcessing(c.ProcessorConfig)
+		c.ProcessorConfig = ProcessorConfig{}
+	}
+	c.setProcessing(c.Processing().WithDefaults())
 	if c.InstanceName == "" {
 		b := make([]byte, 4)
 		_, _ = rand.Read(b)
@@ -89,7 +156,10 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := c.ProcessorConfig.validate(); err != nil {
+	if !c.ProcessorConfig.isZero() {
+		return fmt.Errorf("%w: ProcessorConfig (deprecated) and the processing fields of Config are both set; set the fields of Config only", ErrConfig)
+	}
+	if err := c.Processing().validate(); err != nil {
 		return err
 	}
 	if err := rmqname.NameServers(c.NameServers); err != nil {
@@ -127,6 +197,7 @@ type Consumer struct {
 	state   lifecycle
 	pc      rocketmq.PushConsumer
 	gate    *pushstop.Gate // makes pc's Shutdown safe on the upstream client
+	seq     *sequencer     // keeps the order per routing key (serialize.go)
 	prod    rocketmq.Producer
 	resend  resender
 	closing bool
@@ -142,7 +213,7 @@ func New(cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	proc, err := NewProcessor(cfg.ProcessorConfig)
+	proc, err := NewProcessor(cfg.Processing())
 	if err != nil {
 		return nil, err
 	}
@@ -155,9 +226,11 @@ func (c *Consumer) Processor() *Processor { return c.proc }
 // Config returns the configuration with defaults applied.
 func (c *Consumer) Config() Config { return c.cfg }
 
-// Start subscribes and starts consuming. Calling it again while started is a
-// no-op; after Shutdown it returns ErrClosed. The tables must exist
-// (schema.MigrateAll).
+// Start checks that the database answers a ping and a name server answers
+// a request (an error names the address and the cause and wraps
+// ErrDatabaseUnreachable or ErrNameServerUnreachable), then subscribes and
+// starts consuming. Calling it again while started is a no-op; after
+// Shutdown it returns ErrClosed. The tables must exist (schema.MigrateAll).
 func (c *Consumer) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -170,6 +243,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 	case stateClosed:
 		return ErrClosed
 	}
+	if err := c.checkReachable(ctx); err != nil {
+		return err
+	}
 	rmqlog.Install(c.cfg.Logger)
 	ns := primitive.NewPassthroughResolver(c.cfg.NameServers)
 	from := rmq.ConsumeFromFirstOffset
@@ -177,6 +253,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		from = rmq.ConsumeFromLastOffset
 	}
 	gate := pushstop.New(c.cfg.Group, c.cfg.NameServers)
+	seq := newSequencer()
 	pc, err := rocketmq.NewPushConsumer(
 		rmq.WithGroupName(c.cfg.Group),
 		rmq.WithNsResolver(ns),
@@ -186,11 +263,14 @@ func (c *Consumer) Start(ctx context.Context) error {
 		rmq.WithConsumeMessageBatchMaxSize(c.cfg.BatchSize),
 		rmq.WithConsumeGoroutineNums(c.cfg.Goroutines),
 		rmq.WithMaxReconsumeTimes(int32(c.cfg.MaxReconsumeTimes)),
-		gate.Option(),
+		// The gate's filter hook, then the sequencer's: what the gate lets
+		// through is registered in pull order.
+		rmq.WithFilterMessageHook([]hooks.FilterMessageHook{seq.hook(gate.Hook)}),
 	)
 	if err != nil {
 		return fmt.Errorf("consumer: new push consumer: %w", err)
 	}
+	c.seq = seq // onMessages reads it; set before the first delivery
 	if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, gate.Wrap(c.onMessages)); err != nil {
 		return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
 	}
@@ -229,7 +309,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("consumer: start push consumer: %w", err)
 	}
-	c.pc, c.gate = pc, gate
+	c.pc, c.gate, c.seq = pc, gate, seq
 	c.state = stateStarted
 	return nil
 }
@@ -254,6 +334,7 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	c.closing = true
 	pc, gate, prod := c.pc, c.gate, c.prod
 	c.mu.Unlock()
+	c.seq.shutdown() // waiters hand their events back instead of waiting
 
 	werr := gate.Stop(ctx, pc)
 	err := pc.Shutdown()
@@ -290,10 +371,12 @@ func (c *Consumer) onMessages(ctx context.Context, msgs ...*primitive.MessageExt
 		}
 		return rmq.ConsumeRetryLater, nil
 	}
+	// The events of one routing key apply in the order they were pulled
+	// (serialize.go).
 	if c.cfg.BatchTransaction && len(msgs) > 1 {
-		return consumeTxBatch(ctx, c.proc, c.resend, msgs)
+		return consumeTxBatchOrdered(ctx, c.seq, c.proc, c.resend, msgs)
 	}
-	return consumeBatch(ctx, c.proc.Process, c.resend, msgs)
+	return consumeOrdered(ctx, c.seq, c.proc.Process, c.resend, msgs)
 }
 
 // resender re-publishes one message to the group's retry topic with a delay.

@@ -33,8 +33,8 @@ func TestHelperProcessConsumer(t *testing.T) {
 	}
 	db := testenv.OpenDBRefEnv(t, envHelperDB) // either database: the parent's testenv.DBRef
 	c, err := New(Config{
-		ProcessorConfig: ProcessorConfig{Group: os.Getenv(envHelperGroup), DB: db,
-			Routes: map[string]Route{"Created": {Handler: effectHandler}}},
+		Group: os.Getenv(envHelperGroup), DB: db,
+		Routes:           map[string]Route{"Created": {Handler: effectHandler}},
 		NameServers:      []string{testenv.Load().NameServer},
 		Topic:            os.Getenv(envHelperTopic),
 		BatchTransaction: os.Getenv(envHelperBatch) == "1",

@@ -154,7 +154,7 @@ type DeadLetterStore struct {
 }
 
 // NewDeadLetterStore returns a store over the dead-letter table under prefix
-// ("" means DefaultTablePrefix). A database whose driver rmqtx does not
+// ("" means DefaultPrefix). A database whose driver rmqtx does not
 // support is an error wrapping ErrConfig.
 func NewDeadLetterStore(db *sqlx.DB, prefix string) (*DeadLetterStore, error) {
 	if db == nil {

@@ -94,6 +94,15 @@
 // transaction decided into the outcome. A crash between the COMMIT and the ACK
 // redelivers the batch as dedup hits.
 //
+// Order: the events of one routing key (wire.RoutingKey: the aggregate,
+// else the business key) are applied one after another in the order they
+// were pulled from their queue, in single and batch mode; events of other
+// keys run in parallel. Senders put one aggregate on one queue (WIRE.md,
+// "Queue routing"). A batch transaction holds at most one event per key
+// (the rest run in following transactions of the same delivery). An event
+// whose earlier event of the same key is being retried is handed back
+// behind it, unprocessed. See serialize.go for the limits.
+//
 // Every statement of the package is prepared once per pooled connection
 // (internal/stmtcache), so each costs one round trip with any DSN.
 //

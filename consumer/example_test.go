@@ -29,33 +29,31 @@ func Example() {
 	// The tables exist: schema.MigrateAll(ctx, db, "") (or `rmqtx migrate`)
 	// ran at deploy time.
 	c, err := consumer.New(consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{
-			Group: "order-service",
-			DB:    db,
-			Routes: map[string]consumer.Route{
-				"PaymentSucceeded": {
-					Validate: func(ev consumer.Event) error {
-						var p paymentSucceeded
-						return json.Unmarshal(ev.Payload, &p) // unclassified: parked as bad data
-					},
-					Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
-						var p paymentSucceeded
-						_ = json.Unmarshal(ev.Payload, &p)
-						res, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'NEW'", p.OrderID)
-						if err != nil {
-							return consumer.Transient(err)
-						}
-						if n, _ := res.RowsAffected(); n == 0 {
-							return consumer.Wait(errors.New("order not created yet"))
-						}
-						consumer.SetResultRef(ctx, "order:"+p.OrderID)
-						return nil
-					},
+		Group: "order-service",
+		DB:    db,
+		Routes: map[string]consumer.Route{
+			"PaymentSucceeded": {
+				Validate: func(ev consumer.Event) error {
+					var p paymentSucceeded
+					return json.Unmarshal(ev.Payload, &p) // unclassified: parked as bad data
+				},
+				Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+					var p paymentSucceeded
+					_ = json.Unmarshal(ev.Payload, &p)
+					res, err := tx.ExecContext(ctx, "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'NEW'", p.OrderID)
+					if err != nil {
+						return consumer.Transient(err)
+					}
+					if n, _ := res.RowsAffected(); n == 0 {
+						return consumer.Wait(errors.New("order not created yet"))
+					}
+					consumer.SetResultRef(ctx, "order:"+p.OrderID)
+					return nil
 				},
 			},
-			VersionMode: consumer.VersionMonotonic,
-			Redact:      func([]byte) []byte { return []byte(`{"redacted":true}`) },
 		},
+		VersionMode: consumer.VersionMonotonic,
+		Redact:      func([]byte) []byte { return []byte(`{"redacted":true}`) },
 		NameServers: []string{"127.0.0.1:9876"},
 		Topic:       "payments",
 	})

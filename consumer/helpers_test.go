@@ -74,7 +74,7 @@ func migrateTables(ctx context.Context, db *sqlx.DB, prefix string) error {
 		return err
 	}
 	if prefix == "" {
-		prefix = DefaultTablePrefix
+		prefix = DefaultPrefix
 	}
 	return migrate.Run(ctx, db, prefix+"schema_migrations", migrate.Part{Name: "consumer", FS: fsys, Replace: names})
 }

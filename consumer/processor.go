@@ -96,7 +96,7 @@ type ProcessorConfig struct {
 	// rows only at any session isolation level; the handler's own reads
 	// follow the session's level (READ COMMITTED or REPEATABLE READ advised).
 	DB *sqlx.DB
-	// TablePrefix of the consumer tables. Default DefaultTablePrefix
+	// TablePrefix of the consumer tables. Default DefaultPrefix
 	// ("rmqtx_"); validated with sqlname.
 	TablePrefix string
 	// Routes maps an event type to its Route. At least one is required.
@@ -180,7 +180,7 @@ func DefaultDelayLevel(c Class, attempt int) int {
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c ProcessorConfig) WithDefaults() ProcessorConfig {
 	if c.TablePrefix == "" {
-		c.TablePrefix = DefaultTablePrefix
+		c.TablePrefix = DefaultPrefix
 	}
 	if c.VersionMode == VersionInherit {
 		c.VersionMode = VersionStrict
@@ -599,6 +599,7 @@ type decision struct {
 	class    Class  // evFailed
 	err      error  // evFailed
 	gap      bool   // evFailed by a strict version gap
+	last     int64  // evStale: the aggregate's last applied version
 }
 
 func failed(c Class, err error) decision { return decision{state: evFailed, class: c, err: err} }
@@ -684,7 +685,7 @@ func (p *Processor) guardStep(ctx context.Context, tx *sqlx.Tx, it item) decisio
 		if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
 			return failed(ClassTransient, err)
 		}
-		return decision{state: evStale}
+		return decision{state: evStale, last: last}
 	case gap:
 		d := failed(ClassWait, fmt.Errorf("%w: %s/%s version %d", ErrVersionGap, ev.AggregateType, ev.AggregateID, v))
 		d.gap = true
@@ -746,7 +747,7 @@ func (p *Processor) result(ctx context.Context, it item, d decision) Outcome {
 		p.stats.stale.Add(1)
 		metrics.Inc(p.cfg.Metrics, func(m *metrics.Metrics) *prometheus.CounterVec { return m.ConsumerStale }, g, p.typeLabel(ev))
 		p.count(ev, ResultStale)
-		p.cfg.Logger.WithFields(p.fields(ev)).Debug("consumer: stale aggregate version skipped")
+		p.logStale(ev, d.last)
 		return Outcome{Result: ResultStale, EventID: ev.ID}
 	case evDuplicate:
 		if d.existing == ev.PayloadHash {

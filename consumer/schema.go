@@ -9,9 +9,14 @@ import (
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
-// DefaultTablePrefix is used when a Config or store is given no prefix: the
-// one rmqtx default (internal/sqlname), shared by every package.
-const DefaultTablePrefix = sqlname.DefaultPrefix
+// DefaultPrefix is used when a Config or store is given no prefix (""):
+// the one rmqtx default (internal/sqlname), shared by every package.
+const DefaultPrefix = sqlname.DefaultPrefix
+
+// DefaultTablePrefix is the old name of DefaultPrefix.
+//
+// Deprecated: use DefaultPrefix.
+const DefaultTablePrefix = DefaultPrefix
 
 //go:embed migrations
 var migrationFS embed.FS
@@ -31,7 +36,7 @@ type tables struct {
 
 func newTables(prefix string) (tables, error) {
 	if prefix == "" {
-		prefix = DefaultTablePrefix
+		prefix = DefaultPrefix
 	}
 	if err := sqlname.ValidatePrefix(prefix); err != nil {
 		return tables{}, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -53,7 +58,7 @@ type TableNames struct {
 }
 
 // Tables returns the consumer's table names under prefix ("" means
-// DefaultTablePrefix), or an error wrapping ErrConfig for an invalid prefix.
+// DefaultPrefix), or an error wrapping ErrConfig for an invalid prefix.
 func Tables(prefix string) (TableNames, error) {
 	t, err := newTables(prefix)
 	if err != nil {

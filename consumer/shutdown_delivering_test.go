@@ -108,13 +108,11 @@ func testShutdownWhileDelivering(t *testing.T, db *sqlx.DB) {
 			group := fmt.Sprintf("%s-%d-%d", testenv.Name(t, "grp"), r, i)
 			o := &offs[i]
 			c, err := New(Config{
-				ProcessorConfig: ProcessorConfig{
-					Group: group, DB: db,
-					Routes: map[string]Route{"Created": {Handler: func(_ context.Context, _ *sqlx.Tx, ev Event) error {
-						o.add(group, ev.Delivery)
-						return nil
-					}}},
-				},
+				Group: group, DB: db,
+				Routes: map[string]Route{"Created": {Handler: func(_ context.Context, _ *sqlx.Tx, ev Event) error {
+					o.add(group, ev.Delivery)
+					return nil
+				}}},
 				NameServers: []string{s.NameServer},
 				Topic:       topic,
 			})

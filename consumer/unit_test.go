@@ -81,7 +81,7 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorIs(t, err, dialect.ErrUnsupported)
 
 	d := good.WithDefaults()
-	require.Equal(t, DefaultTablePrefix, d.TablePrefix)
+	require.Equal(t, DefaultPrefix, d.TablePrefix)
 	require.Equal(t, VersionStrict, d.VersionMode)
 	require.Equal(t, 10, d.MaxRetries)
 	require.Equal(t, 20, d.MaxWaits)
@@ -110,7 +110,8 @@ func TestConfigValidation(t *testing.T) {
 		require.ErrorIs(t, err, ErrConfig, "case %d", i)
 	}
 
-	cc := Config{ProcessorConfig: good, NameServers: []string{"127.0.0.1:9876"}, Topic: "t"}
+	cc := Config{NameServers: []string{"127.0.0.1:9876"}, Topic: "t"}
+	cc.setProcessing(good)
 	c, err := New(cc)
 	require.NoError(t, err)
 	require.Equal(t, 1, c.Config().BatchSize)
@@ -158,7 +159,7 @@ func TestMigrationsLoad(t *testing.T) {
 	for _, d := range []string{"mysql", "postgres"} {
 		fsys, names, err = Migrations(d, "")
 		require.NoError(t, err, d)
-		require.Equal(t, DefaultTablePrefix+"dead_letter", names["{{dead_letter}}"])
+		require.Equal(t, DefaultPrefix+"dead_letter", names["{{dead_letter}}"])
 		migs, err := migrate.Load(fsys, ".")
 		require.NoError(t, err, d)
 		require.NotEmpty(t, migs, d)

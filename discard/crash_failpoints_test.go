@@ -62,11 +62,11 @@ func testRecoveryCrashAfterRepublish(t *testing.T, b *discardBed) {
 	require.NoError(t, err)
 	require.NoError(t, schema.MigrateAll(ctx, b.db, "")) // the bed migrated the txlog; this adds the consumer tables
 	c, err := consumer.New(consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{Group: testenv.Name(t, "cg"), DB: b.db,
-			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
-				_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO effects (event_id) VALUES (?)"), ev.ID)
-				return err
-			}}}},
+		Group: testenv.Name(t, "cg"), DB: b.db,
+		Routes: map[string]consumer.Route{"OrderPlaced": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+			_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO effects (event_id) VALUES (?)"), ev.ID)
+			return err
+		}}},
 		NameServers: []string{b.s.NameServer}, Topic: b.topic,
 	})
 	require.NoError(t, err)

@@ -25,9 +25,10 @@ import (
 )
 
 // discardWait bounds waiting for the test broker to discard a half message:
-// transactionTimeOut (3 s) + transactionCheckMax (5) x interval (2 s) is
-// about 13 s, plus recovery reading DiscardTopic from its first offset.
-const discardWait = 90 * time.Second
+// transactionTimeOut (3 s) + transactionCheckMax (32, so that the default
+// FenceAge fits) x interval (2 s) is about 67 s, plus recovery reading
+// DiscardTopic from its first offset.
+const discardWait = 150 * time.Second
 
 // discardBed has a producer group whose half messages the real broker
 // discards: its transactional producer runs a per-event local action, then
@@ -142,7 +143,7 @@ const (
 func (b *discardBed) payload(id string) []byte { return []byte(`{"order":"` + id + `"}`) }
 
 // sendHalf sends a half message for a new event id and runs action as its
-// local transaction; the broker discards the half some 13 s later.
+// local transaction; the broker discards the half some 67 s later.
 func (b *discardBed) sendHalf(t *testing.T, action localAction) string {
 	t.Helper()
 	id := wire.NewEventID()
@@ -196,7 +197,7 @@ func (b *discardBed) sendHalf(t *testing.T, action localAction) string {
 // and its end-transaction commits it: the event is on the topic once. The
 // loser's local transaction never wrote a row (in txproducer it fails on
 // the duplicate key and answers ROLLBACK); here that answer is lost and no
-// producer answers its checks, so the broker discards it some 13 s later.
+// producer answers its checks, so the broker discards it some 67 s later.
 func (b *discardBed) sendRacingHalves(t *testing.T) (id, winner, loser string) {
 	t.Helper()
 	id = wire.NewEventID()

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/internal/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/pushstop"
@@ -405,13 +406,18 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 	defer cancel()
 
 	row, err := r.cfg.Log.Get(ctx, q.EventID)
-	if errors.Is(err, txlog.ErrNotFound) {
-		// Never ran, or still running: fence. The topic is informational
-		// on a ROLLED_BACK row; it is recorded only when the broker's
-		// REAL_TOPIC can be trusted (not after a retry).
+	if errors.Is(err, txlog.ErrNotFound) || (err == nil && txlog.Retakable(row, q.HalfKey)) {
+		// Never ran, or still running: fence. A row rolled back for
+		// another half of the id does not decide this half either (a Send
+		// retrying the id may be taking it over with this half): the fence
+		// waits for that and makes sure this half can never commit after.
+		// The topic is informational on a ROLLED_BACK row; it is recorded
+		// only when the broker's REAL_TOPIC can be trusted (not after a
+		// retry). The row names this half (txlog.HalfProperties).
 		var fenced bool
 		fr := txlog.Row{EventID: q.EventID, ProducerGroup: r.cfg.Group, Topic: q.Topic, Tags: q.Tags, Keys: q.Keys,
-			EventType: q.EventType, BusinessKey: q.BusinessKey, PayloadHash: q.PayloadHash, ResolvedBy: txlog.ByRecovery}
+			EventType: q.EventType, BusinessKey: q.BusinessKey, PayloadHash: q.PayloadHash, ResolvedBy: txlog.ByRecovery,
+			Properties: txlog.HalfProperties(q.HalfKey)}
 		row, fenced, err = r.cfg.Log.Fence(ctx, fr)
 		if err == nil && fenced {
 			st.fenced = true
@@ -483,10 +489,15 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 		sr, err := r.pub.SendSync(sctx, msg)
 		sp.EndSend(sr, err)
 		if err != nil {
+			// The broker's answer is named as every sender names it
+			// (internal/brokerclass): a missing topic says to create it.
+			if d := brokerclass.Describe(err); d != "" {
+				return res, fmt.Errorf("discard: republish %s to %s (%s): %w", q.EventID, row.Topic, d, err)
+			}
 			return res, fmt.Errorf("discard: republish %s: %w", q.EventID, err)
 		}
-		if sr.Status != primitive.SendOK {
-			return res, fmt.Errorf("discard: republish %s: broker status %d", q.EventID, sr.Status)
+		if a, failed := brokerclass.OfStatus(sr.Status); failed {
+			return res, fmt.Errorf("discard: republish %s: broker status %d (%s)", q.EventID, sr.Status, a.Name)
 		}
 		st.republish = sr.MsgID
 		failpoint.Inject(failpoint.AfterRepublish)

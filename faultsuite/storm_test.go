@@ -92,7 +92,7 @@ func duplicateStorm(t *testing.T, b *bed) {
 	procs := make([]*consumer.Processor, stormRacers)
 	for i := range procs {
 		var err error
-		procs[i], err = consumer.NewProcessor(testbed.ConsumerConfig(b.DB, b.S.NameServer, b.Topic, b.CGroup, fmt.Sprintf("racer-%d", i)).ProcessorConfig)
+		procs[i], err = consumer.NewProcessor(testbed.ConsumerConfig(b.DB, b.S.NameServer, b.Topic, b.CGroup, fmt.Sprintf("racer-%d", i)).Processing())
 		require.NoError(t, err)
 	}
 	b.AddProcessors(procs...)

@@ -18,9 +18,14 @@ import (
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
-// DefaultTablePrefix is the prefix of every rmqtx table unless configured:
-// the one rmqtx default (internal/sqlname).
-const DefaultTablePrefix = sqlname.DefaultPrefix
+// DefaultPrefix is the prefix of every rmqtx table unless configured (an
+// empty prefix means it): the one rmqtx default (internal/sqlname).
+const DefaultPrefix = sqlname.DefaultPrefix
+
+// DefaultTablePrefix is the old name of DefaultPrefix.
+//
+// Deprecated: use DefaultPrefix.
+const DefaultTablePrefix = DefaultPrefix
 
 // ErrConfig is wrapped by configuration errors; ErrNotFound when nothing is
 // known about an event id, business key or dead-letter id.
@@ -33,7 +38,7 @@ var (
 type Config struct {
 	// DB holds the rmqtx tables. Required.
 	DB *sqlx.DB
-	// TablePrefix of all rmqtx tables. Default DefaultTablePrefix.
+	// TablePrefix of all rmqtx tables. Default DefaultPrefix.
 	TablePrefix string
 	// Redact renders payloads. Default Hidden(): sizes only, since the
 	// inspector's output ends up on screens, in tickets and in chat. Showing
@@ -73,7 +78,7 @@ func New(cfg Config) (*Inspector, error) {
 		return nil, fmt.Errorf("%w: DB is required", ErrConfig)
 	}
 	if cfg.TablePrefix == "" {
-		cfg.TablePrefix = DefaultTablePrefix
+		cfg.TablePrefix = DefaultPrefix
 	}
 	if err := sqlname.ValidatePrefix(cfg.TablePrefix); err != nil {
 		return nil, fmt.Errorf("%w: TablePrefix: %w", ErrConfig, err)

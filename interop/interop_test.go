@@ -148,16 +148,14 @@ func TestJavaNaturalProducersAdopted(t *testing.T) {
 		return err
 	}
 	c, err := consumer.New(consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{
-			Group: testenv.Name(t, "cg"), DB: db,
-			// Every message without RMQTX_EVENT_ID: the id is the first
-			// key (the order number), the type is the tag.
-			Adopt: &consumer.Adoption{ID: consumer.IDFromKeys, TypeFromTag: true},
-			Routes: map[string]consumer.Route{
-				"OrderPlaced": {Handler: apply},
-				// This producer sets no key: the id is its request id.
-				"OrderCancelled": {Handler: apply, Adopt: &consumer.Adoption{ID: consumer.IDFromProperty, Property: "requestId", TypeFromTag: true}},
-			},
+		Group: testenv.Name(t, "cg"), DB: db,
+		// Every message without RMQTX_EVENT_ID: the id is the first
+		// key (the order number), the type is the tag.
+		Adopt: &consumer.Adoption{ID: consumer.IDFromKeys, TypeFromTag: true},
+		Routes: map[string]consumer.Route{
+			"OrderPlaced": {Handler: apply},
+			// This producer sets no key: the id is its request id.
+			"OrderCancelled": {Handler: apply, Adopt: &consumer.Adoption{ID: consumer.IDFromProperty, Property: "requestId", TypeFromTag: true}},
 		},
 		NameServers: []string{s.NameServer},
 		Topic:       topic,
@@ -299,16 +297,14 @@ func TestJavaWireFormatVersionGuard(t *testing.T) {
 		box VARCHAR(128) NOT NULL, version BIGINT NOT NULL)`)
 	require.NoError(t, err)
 	c, err := consumer.New(consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{
-			Group: testenv.Name(t, "cg"), DB: db, VersionMode: consumer.VersionStrict,
-			Routes: map[string]consumer.Route{"BoxMoved": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
-				_, err := tx.ExecContext(ctx, "INSERT INTO moves (event_id, box, version) VALUES (?, ?, ?)", ev.ID, ev.AggregateID, ev.AggregateVersion)
-				return err
-			}}},
-			// Gaps are retried after 1 s (the shortest delay level), so the
-			// newest-first order resolves within seconds.
-			DelayLevel: func(consumer.Class, int) int { return 1 },
-		},
+		Group: testenv.Name(t, "cg"), DB: db, VersionMode: consumer.VersionStrict,
+		Routes: map[string]consumer.Route{"BoxMoved": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+			_, err := tx.ExecContext(ctx, "INSERT INTO moves (event_id, box, version) VALUES (?, ?, ?)", ev.ID, ev.AggregateID, ev.AggregateVersion)
+			return err
+		}}},
+		// Gaps are retried after 1 s (the shortest delay level), so the
+		// newest-first order resolves within seconds.
+		DelayLevel:  func(consumer.Class, int) int { return 1 },
 		NameServers: []string{s.NameServer},
 		Topic:       topic,
 	})

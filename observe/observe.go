@@ -1,7 +1,10 @@
-// Package observe is how every long-lived rmqtx component is watched: one
-// struct, Observe, embedded in the Config of txproducer, checkback,
-// discard, consumer, outbox and replay, holds the logger, the metrics and
-// the tracer provider, with the same defaults everywhere.
+// Package observe is how every rmqtx component is watched: one struct,
+// Observe, embedded in every Config (txproducer, checkback, discard,
+// consumer, outbox and its RocketMQ sink, replay, archive), holds the
+// logger, the metrics and the tracer provider, with the same defaults
+// everywhere. One Observe value can be handed to every component; one that
+// records no metrics or spans (the sink, the archiver) says so on its
+// Config and uses the Logger only.
 //
 // rocketmq-client-go logs through one process-wide logger. rmqtx routes it
 // (scrubbed of message bodies and property values) to the Logger of the

@@ -2,14 +2,16 @@ package outbox
 
 import (
 	"context"
-	"hash/fnv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
+	"github.com/rmqtx/rmqtx/internal/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
+	"github.com/rmqtx/rmqtx/internal/rmqroute"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // BatchSink is a Sink that can deliver several messages in one request.
@@ -142,7 +144,7 @@ func (s *RocketMQSink) SendBatch(ctx context.Context, msgs []*Message) []error {
 	var out error
 	if err != nil {
 		out = classifyRocketMQ(ctx, err)
-		if ctx.Err() == nil && (ClassOf(out) == ClassPermanent || codeRE.MatchString(err.Error())) {
+		if _, coded := brokerclass.CodeOf(err); ctx.Err() == nil && (ClassOf(out) == ClassPermanent || coded) {
 			return s.eachAlone(ctx, msgs)
 		}
 	} else {
@@ -162,20 +164,12 @@ func (s *RocketMQSink) eachAlone(ctx context.Context, msgs []*Message) []error {
 	return errs
 }
 
-// queueIndex is the client's hash queue selection (HashQueueSelector): FNV-1a
-// of the sharding key modulo the number of queues.
-func queueIndex(key string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	i := int(h.Sum32()) % n
-	if i < 0 {
-		i = -i
-	}
-	return i
-}
+// queueIndex is the queue a sharding key maps to among n (wire.QueueFor,
+// the rule every rmqtx sender follows).
+func queueIndex(key string, n int) int { return wire.QueueFor(key, n) }
 
-// queueBook is the sink's queue selector: the client's hash selection for
-// single messages, a batch's own queue for batches, and a record of each
+// queueBook is the sink's queue selector: rmqroute's selection
+// (wire.QueueFor) for single messages, a batch's own queue for batches, and a record of each
 // topic's queue list as the client last passed it, which Batches groups by.
 type queueBook struct {
 	hash    producer.QueueSelector
@@ -185,7 +179,7 @@ type queueBook struct {
 }
 
 func newQueueBook() *queueBook {
-	return &queueBook{hash: producer.NewHashQueueSelector(), byTopic: map[string][]*primitive.MessageQueue{}}
+	return &queueBook{hash: rmqroute.New(), byTopic: map[string][]*primitive.MessageQueue{}}
 }
 
 // Select implements producer.QueueSelector.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -157,7 +158,11 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 // Name returns the dispatcher's name (the owner token prefix).
 func (d *Dispatcher) Name() string { return d.cfg.Name }
 
-// Start begins polling and sending in background goroutines. Cancelling ctx
+// Start checks that the database answers a ping and, for a RocketMQSink,
+// that a name server answers a request (see checkReachable; an error names
+// the address and the cause and wraps ErrDatabaseUnreachable or
+// ErrNameServerUnreachable, and the dispatcher stays unstarted), then
+// begins polling and sending in background goroutines. Cancelling ctx
 // stops claiming, as Shutdown does; call Shutdown or Close anyway to wait for
 // the sends in flight. Start is idempotent; after Shutdown it returns
 // ErrClosed.
@@ -169,6 +174,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}
 	if d.started {
 		return nil
+	}
+	if err := d.checkReachable(ctx); err != nil {
+		return err
 	}
 	d.started = true
 	loopCtx, stopLoop := context.WithCancel(ctx)
@@ -652,6 +660,11 @@ func (d *Dispatcher) settle(sendCtx context.Context, r claimedRow, out Outcome, 
 				d.stats.unknown.Add(1)
 			} else {
 				d.stats.retried.Add(1)
+			}
+			if errors.Is(err, ErrTopicNotExist) {
+				// An operator's fix, not the event's fault: say which topic.
+				log.WithFields(logrus.Fields{"destination": r.Destination, "code": code, "retries": r.RetryCount, "retry_in": out.RetryIn}).
+					Warn("outbox: topic " + r.Destination + " does not exist on the broker; the row is retried with backoff until it is created (mqadmin updateTopic)")
 			}
 		}
 		result := "retry"

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Sentinel errors. Every error the package returns wraps one of these or a
@@ -14,6 +15,11 @@ import (
 var (
 	// ErrInvalidEvent wraps every validation error of Enqueue.
 	ErrInvalidEvent = errors.New("outbox: invalid event")
+	// ErrPayloadTooLarge: Enqueue refused a payload over MaxPayloadLen
+	// (beside ErrInvalidEvent); nothing was written. It is
+	// wire.ErrPayloadTooLarge, the error txproducer's Send returns for the
+	// same limit (txproducer.ErrPayloadTooLarge).
+	ErrPayloadTooLarge = wire.ErrPayloadTooLarge
 	// ErrDuplicateEvent is returned by Enqueue when the event id is already
 	// in the table.
 	ErrDuplicateEvent = errors.New("outbox: duplicate event id")

@@ -24,9 +24,14 @@ const (
 // Limits checked by Enqueue; they match the column sizes.
 const (
 	MaxDestinationLen = 128
-	MaxPayloadLen     = 1<<24 - 1 // MEDIUMBLOB
-	maxErrorMessage   = 512
-	maxErrorCode      = 64
+	// MaxPayloadLen is wire.MaxPayloadBytes (4 MiB - 64 KiB), the limit
+	// txproducer's Send applies: a larger payload would commit with the
+	// business transaction and then be refused by the broker (CODE 13),
+	// go DEAD and hold back its aggregate's later events. The column
+	// (MEDIUMBLOB, bytea) holds more.
+	MaxPayloadLen   = wire.MaxPayloadBytes
+	maxErrorMessage = 512
+	maxErrorCode    = 64
 )
 
 // Event is one outbox row as the caller writes it. The envelope fields travel
@@ -54,8 +59,9 @@ type Event struct {
 	// MessageKey is the business key: a RocketMQ key (beside the event id)
 	// and the envelope's business key. Optional.
 	MessageKey string
-	// Payload is the message body, at most 16 MiB - 1. Keep secrets out of
-	// it: rows are long-lived copies.
+	// Payload is the message body, at most MaxPayloadLen (4 MiB - 64 KiB,
+	// wire.MaxPayloadBytes: what the broker accepts by default). Keep
+	// secrets out of it: rows are long-lived copies.
 	Payload []byte
 	// Headers travel as user properties (wire.HeaderPrefix + name).
 	Headers map[string]string
@@ -87,8 +93,8 @@ func (e Event) Validate() error {
 	if len(e.Destination) > MaxDestinationLen || !utf8.ValidString(e.Destination) {
 		return fmt.Errorf("%w: destination must be valid UTF-8 of at most %d bytes", ErrInvalidEvent, MaxDestinationLen)
 	}
-	if len(e.Payload) > MaxPayloadLen {
-		return fmt.Errorf("%w: payload is %d bytes, more than %d", ErrInvalidEvent, len(e.Payload), MaxPayloadLen)
+	if err := wire.CheckPayloadSize(e.Payload, MaxPayloadLen); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidEvent, err)
 	}
 	return nil
 }

@@ -313,12 +313,15 @@ func testBrokerUnreachableThenBack(t *testing.T, b *bed) {
 	sink := b.sink(t, fmt.Sprintf("127.0.0.1:%d", port))
 	const n = 20
 	ids := b.enqueue(t, events(topic, n)...)
+	// Start refuses a sink whose name server does not answer; the outage
+	// this test is about begins after a successful Start.
+	requireStartRefused(t, b, sink, fmt.Sprintf("127.0.0.1:%d", port))
 
 	var mu sync.Mutex
 	delays := map[int][]time.Duration{} // retry index -> chosen delays
 	codes := map[string]int{}
 	base, max := 40*time.Millisecond, 2*time.Second
-	d := b.dispatcher(t, Config{Sink: sink, BatchSize: 10, Concurrency: 10, PollInterval: 50 * time.Millisecond,
+	d := b.dispatcher(t, Config{Sink: outageAfterStart{sink}, BatchSize: 10, Concurrency: 10, PollInterval: 50 * time.Millisecond,
 		BackoffBase: base, BackoffMax: max, MaxRetries: 100,
 		OnOutcome: func(o Outcome) {
 			if o.Status != StatusRetry {

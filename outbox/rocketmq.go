@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,12 +15,13 @@ import (
 	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
-	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/internal/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -45,9 +44,13 @@ type RocketMQConfig struct {
 	// returning. Default 0: the dispatcher retries with backoff instead, and
 	// a permanent error is not repeated.
 	Retries int
-	// Logger receives the client's logs (routed once per process through
-	// internal/rmqlog). Default: quiet.
-	Logger logrus.FieldLogger
+	// Observe holds the Logger, Metrics and TracerProvider (package
+	// observe), as in every rmqtx Config, so one Observe value can be handed
+	// to every component. The sink uses its Logger only: the client's log
+	// lines (routed once per process, see package observe). The sends are
+	// counted and traced by the Dispatcher (Config.Observe); Metrics and
+	// TracerProvider are not used here.
+	observe.Observe
 	// MaxBatchBytes bounds one batch send (see RocketMQSink.Batches): the
 	// dispatcher sends a claim's rows as one RocketMQ batch per target
 	// queue. Default DefaultMaxBatchBytes (1 MiB); negative: every row is
@@ -60,9 +63,10 @@ type RocketMQConfig struct {
 // Each message is in the public wire format (package wire, WIRE.md): the
 // envelope properties, the keys [message key, event id] (the id last), the
 // event type as tag, and a sharding key (the aggregate, else the message key)
-// from which the queue is chosen by hash: every event of one aggregate lands
-// on one queue, so an orderly consumer sees them in the order the dispatcher
-// sent them.
+// from which the queue is chosen by wire.QueueFor, as txproducer.Send
+// chooses it: every event of one aggregate lands on one queue, so a consumer
+// that keeps the queue's order (the rmqtx consumer does, per key) sees them
+// in the order they were sent.
 //
 // Error classes: topic missing at the broker, no permission and message
 // illegal (codes 17, 16, 13) and an invalid topic name are permanent; a
@@ -76,6 +80,7 @@ type RocketMQSink struct {
 	queues        *queueBook // the client's queue selector, which batches are grouped by
 	maxBatchBytes int        // <= 0: no batches
 	closeOnce     sync.Once
+	nameServers   []string // checked by Dispatcher.Start (startcheck.go)
 }
 
 // NewRocketMQSink creates and starts a producer. Close it after the
@@ -115,16 +120,16 @@ func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
 	if err := p.Start(); err != nil {
 		return nil, fmt.Errorf("outbox: start rocketmq producer: %w", err)
 	}
-	return &RocketMQSink{p: p, queues: book, maxBatchBytes: cfg.MaxBatchBytes}, nil
+	return &RocketMQSink{p: p, queues: book, maxBatchBytes: cfg.MaxBatchBytes, nameServers: cfg.NameServers}, nil
 }
 
-// ShardingKey is the key the RocketMQ sink hashes to choose a queue: the
-// aggregate ("type/id"), else the message key, else "" (any queue).
+// ShardingKey is the key the RocketMQ sink routes e by:
+// wire.RoutingKey of its aggregate ("type/id"), else its message key (the
+// business key), else "" (any queue). txproducer.Send routes by the same
+// key and hash (WIRE.md, "Queue routing"), so one aggregate's events share
+// a queue whichever of the two sent them.
 func ShardingKey(e Event) string {
-	if e.AggregateID != "" {
-		return e.AggregateType + "/" + e.AggregateID
-	}
-	return e.MessageKey
+	return wire.RoutingKey(e.AggregateType, e.AggregateID, e.MessageKey)
 }
 
 // RocketMQMessage builds the RocketMQ message for m (exported for tools that
@@ -169,24 +174,17 @@ func (s *RocketMQSink) validate(m *Message) error {
 	return nil
 }
 
-// sendStatus classifies a send result that came with no error.
+// sendStatus classifies a send result that came with no error, by the
+// broker-answer table every rmqtx sender shares (internal/brokerclass).
 func sendStatus(res *primitive.SendResult) error {
 	if res == nil {
 		return NewSendError(ClassUnknown, "no_result", errors.New("outbox: rocketmq returned no send result"))
 	}
-	switch res.Status {
-	case primitive.SendOK:
+	a, failed := brokerclass.OfStatus(res.Status)
+	if !failed {
 		return nil
-	case primitive.SendFlushDiskTimeout:
-		return NewSendError(ClassUnknown, "flush_disk_timeout", errors.New("outbox: rocketmq: flush disk timeout"))
-	case primitive.SendFlushSlaveTimeout:
-		return NewSendError(ClassUnknown, "flush_slave_timeout", errors.New("outbox: rocketmq: flush slave timeout"))
-	case primitive.SendSlaveNotAvailable:
-		return NewSendError(ClassUnknown, "slave_not_available", errors.New("outbox: rocketmq: slave not available"))
-	default:
-		return NewSendError(ClassUnknown, "send_status_"+strconv.Itoa(int(res.Status)),
-			fmt.Errorf("outbox: rocketmq: send status %d", res.Status))
 	}
+	return NewSendError(a.Class, a.Name, fmt.Errorf("outbox: rocketmq: send status %d (%s)", res.Status, a.Name))
 }
 
 // Shutdown shuts the producer down, waiting for the client at most until ctx
@@ -208,15 +206,6 @@ func (s *RocketMQSink) Shutdown(ctx context.Context) error {
 // bound every rmqtx Close shares.
 func (s *RocketMQSink) Close() error { return shutdown.Close(s.Shutdown) }
 
-var codeRE = regexp.MustCompile(`CODE: (\d+)`)
-
-// Broker response codes (org.apache.rocketmq.remoting.protocol.ResponseCode).
-const (
-	codeMessageIllegal = 13
-	codeNoPermission   = 16
-	codeTopicNotExist  = 17
-)
-
 // classifyRocketMQ maps the Go client's errors, which carry no types beyond a
 // few sentinels, to SendErrors. The client formats broker refusals as
 // "CODE: <n>  DESC: <remark>".
@@ -228,18 +217,20 @@ func classifyRocketMQ(ctx context.Context, err error) error {
 		return NewSendError(class, code, fmt.Errorf("outbox: rocketmq: %w", err))
 	}
 	msg := err.Error()
-	if sm := codeRE.FindStringSubmatch(msg); sm != nil {
-		code, _ := strconv.Atoi(sm[1])
-		switch code {
-		case codeTopicNotExist:
-			return wrap(ClassPermanent, "topic_not_exist", ErrTopicNotExist)
-		case codeNoPermission:
-			return wrap(ClassPermanent, "no_permission", ErrNoPermission)
-		case codeMessageIllegal:
-			return wrap(ClassPermanent, "message_illegal", ErrMessageIllegal)
-		default:
-			return wrap(ClassTransient, "broker_code_"+sm[1], nil)
+	if a, ok := brokerclass.OfError(err); ok {
+		// One table decides every broker answer (internal/brokerclass): a
+		// missing topic or a refused permission is the cluster's setup, an
+		// operator's fix, so the row is retried with backoff (and the
+		// dispatcher logs the fix), not DEAD at once.
+		switch a.Code {
+		case brokerclass.TopicNotExist:
+			return wrap(a.Class, a.Name, ErrTopicNotExist)
+		case brokerclass.NoPermission:
+			return wrap(a.Class, a.Name, ErrNoPermission)
+		case brokerclass.MessageIllegal:
+			return wrap(a.Class, a.Name, ErrMessageIllegal)
 		}
+		return wrap(a.Class, a.Name, nil)
 	}
 	var nerr net.Error
 	switch {

@@ -71,11 +71,12 @@ func TestClassifyRocketMQ(t *testing.T) {
 		code     string
 		sentinel error
 	}{
-		{errors.New("CODE: 17  DESC: topic[x] not exist, apply first please!"), ClassPermanent, "topic_not_exist", ErrTopicNotExist},
+		{errors.New("CODE: 17  DESC: topic[x] not exist, apply first please!"), ClassTransient, "topic_not_exist", ErrTopicNotExist},
 		{errors.New("CODE: 16, DESC: Sending message to topic[SELF_TEST_TOPIC] is forbidden."), ClassPermanent, "no_permission", ErrNoPermission},
 		{errors.New("CODE: 13, DESC: the message body size over max value, MAX: 4194304"), ClassPermanent, "message_illegal", ErrMessageIllegal},
-		{errors.New("CODE: 14, DESC: service not available now"), ClassTransient, "broker_code_14", nil},
-		{errors.New("CODE: 2, DESC: [PCBUSY_CLEAN_QUEUE]broker busy"), ClassTransient, "broker_code_2", nil},
+		{errors.New("CODE: 14, DESC: service not available now"), ClassTransient, "service_not_available", nil},
+		{errors.New("CODE: 2, DESC: [PCBUSY_CLEAN_QUEUE]broker busy"), ClassTransient, "system_busy", nil},
+		{errors.New("CODE: 215, DESC: new"), ClassTransient, "broker_code_215", nil},
 		{rmqerrors.ErrRequestTimeout, ClassUnknown, "timeout", ErrSendTimeout},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), ClassUnknown, "timeout", ErrSendTimeout},
 		{errors.New("the topic=t route info not found"), ClassTransient, "no_route", ErrNoRoute},

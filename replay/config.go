@@ -14,9 +14,15 @@ import (
 	"github.com/rmqtx/rmqtx/wire"
 )
 
-// DefaultTablePrefix is the prefix of the consumer tables and of the audit
-// tables unless configured: the one rmqtx default (internal/sqlname).
-const DefaultTablePrefix = sqlname.DefaultPrefix
+// DefaultPrefix is the prefix of the consumer tables and of the audit
+// tables unless configured (an empty prefix means it): the one rmqtx
+// default (internal/sqlname).
+const DefaultPrefix = sqlname.DefaultPrefix
+
+// DefaultTablePrefix is the old name of DefaultPrefix.
+//
+// Deprecated: use DefaultPrefix.
+const DefaultTablePrefix = DefaultPrefix
 
 // Properties a replay adds to each message (beside the original envelope).
 const (
@@ -42,7 +48,7 @@ type Config struct {
 	// Required.
 	DB *sqlx.DB
 	// TablePrefix of the consumer tables and of <prefix>replay_audit.
-	// Default DefaultTablePrefix ("rmqtx_"); validated with sqlname.
+	// Default DefaultPrefix ("rmqtx_"); validated with sqlname.
 	TablePrefix string
 	// NameServers lists the name server addresses (host:port). Required for
 	// Start and Replay (not for DryRun); the client's default HTTP resolver
@@ -88,7 +94,7 @@ type TestConfig struct {
 // WithDefaults returns a copy of c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.TablePrefix == "" {
-		c.TablePrefix = DefaultTablePrefix
+		c.TablePrefix = DefaultPrefix
 	}
 	if c.Group == "" {
 		c.Group = "rmqtx_replay"

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
@@ -409,13 +410,19 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	res, err := prod.SendSync(sctx, msg)
 	cancel()
 	sp.EndSend(res, err)
-	if err == nil && res.Status != primitive.SendOK {
-		err = fmt.Errorf("send status %d", res.Status)
+	if a, failed := brokerclass.OfStatus(statusOf(res)); err == nil && failed {
+		err = fmt.Errorf("send status %d (%s)", res.Status, a.Name)
 	}
 	if err != nil {
 		// The result may be unknown (a timeout): the message may have gone.
-		// Harmless: the consumer dedups, and the row stays replayable.
-		it.Result, it.Detail = ItemFailed, clip("send: "+err.Error(), 512)
+		// Harmless: the consumer dedups, and the row stays replayable. The
+		// detail names the broker's answer as every sender does
+		// (internal/brokerclass): a missing topic says to create it.
+		detail := "send: " + err.Error()
+		if d := brokerclass.Describe(err); d != "" {
+			detail = "send (" + d + "): " + err.Error()
+		}
+		it.Result, it.Detail = ItemFailed, clip(detail, 512)
 		return nil
 	}
 	it.MsgID = res.MsgID
@@ -458,4 +465,12 @@ func clip(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// statusOf is res's status, SendOK for no result (the error says why).
+func statusOf(res *primitive.SendResult) primitive.SendStatus {
+	if res == nil {
+		return primitive.SendOK
+	}
+	return res.Status
 }

@@ -48,7 +48,7 @@ func testReplayEndToEnd(t *testing.T, db *sqlx.DB) {
 	var fixed atomic.Bool
 	c, err := consumer.New(consumer.Config{
 		// Replay needs the stored payload: dead letters keep none by default.
-		ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Observe: observe.Observe{Metrics: m}, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
+		Group: group, DB: db, Observe: observe.Observe{Metrics: m}, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
 			"OrderPaid": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
 				if !fixed.Load() {
 					return consumer.Permanent(errors.New("downstream rejects the order"))
@@ -56,7 +56,7 @@ func testReplayEndToEnd(t *testing.T, db *sqlx.DB) {
 				_, err := tx.ExecContext(ctx, applyEffect, ev.ID)
 				return err
 			}},
-		}},
+		},
 		NameServers: []string{s.NameServer}, Topic: topic,
 	})
 	require.NoError(t, err)

@@ -27,7 +27,7 @@ type TableNames struct {
 }
 
 // Tables returns the audit table names under prefix ("" means
-// DefaultTablePrefix), or an error wrapping ErrConfig for an invalid prefix.
+// DefaultPrefix), or an error wrapping ErrConfig for an invalid prefix.
 func Tables(prefix string) (TableNames, error) {
 	t, err := newTables(prefix)
 	if err != nil {
@@ -95,7 +95,7 @@ var migrationFS embed.FS
 // Migrations returns the package's schema steps for the dialect named d
 // ("mysql"): the NNN_description.sql files of one folder, and the validated
 // names that fill their {{...}} placeholders under prefix ("" means
-// DefaultTablePrefix). The audit tables refer to the consumer's dead
+// DefaultPrefix). The audit tables refer to the consumer's dead
 // letters, so schema.MigrateAll runs them after the consumer's.
 func Migrations(d, prefix string) (fs.FS, map[string]string, error) {
 	fsys, err := fs.Sub(migrationFS, "migrations/"+d)

@@ -55,5 +55,5 @@ export RMQTX_ROCKETMQ_VERSION=${broker_version:-${RMQTX_ROCKETMQ_VERSION:-unknow
 export RMQTX_MYSQL_ADDR=127.0.0.1:$PORT
 export RMQTX_TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 export RMQTX_TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
-export RMQTX_TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
+export RMQTX_TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-32}
 go run ./cmd/rmqtx-bench -json "${BENCH_JSON:-.run/bench-results-durable.json}" "$@"

@@ -42,7 +42,7 @@ export RMQTX_ROCKETMQ_VERSION=${broker_version:-${RMQTX_ROCKETMQ_VERSION:-unknow
 # The transaction-check settings the broker was started with (services.sh defaults).
 export RMQTX_TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 export RMQTX_TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
-export RMQTX_TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
+export RMQTX_TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-32}
 
 case ${RMQTX_BENCH_CLIENT:-upstream} in
   upstream) view=(-modfile="$(bash scripts/upstream-mod.sh)") ;;

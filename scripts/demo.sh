@@ -6,20 +6,24 @@
 #   bash scripts/demo.sh reconcile [-db NAME]           reconcile a demo database again
 #   DB=postgres bash scripts/demo.sh                    the same on PostgreSQL (make demo DB=postgres)
 #
-# DB is mariadb (the default; mysql is the same) or postgres. The exit status
+# DB is mariadb (the default; mysql is the same) or postgres. Only that
+# database and RocketMQ (name server and broker) are started. The exit status
 # is the example's: 0 when reconciliation finds no discrepancy, which
 # includes `rmqtx stuck`'s query listing nothing once the run is quiescent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The services and go, replaceable by internal/testscript only.
+SERVICES=${RMQTX_SERVICES:-bash scripts/services.sh}
+GO=${RMQTX_GO:-go}
 case ${DB:-mariadb} in
-  mariadb | mysql) engine=mysql ;;
-  postgres | postgresql | pg) engine=postgres ;;
+  mariadb | mysql) engine=mysql db=mariadb ;;
+  postgres | postgresql | pg) engine=postgres db=postgres ;;
   *) echo "demo: DB is mariadb (default) or postgres, not ${DB}" >&2; exit 2 ;;
 esac
-bash scripts/services.sh up
-eval "$(bash scripts/services.sh env)"
+$SERVICES up "$db" namesrv broker
+eval "$($SERVICES env)"
 if [[ ${1:-} == reconcile ]]; then
   shift
-  exec go run ./examples/payment reconcile -engine "$engine" "$@"
+  exec $GO run ./examples/payment reconcile -engine "$engine" "$@"
 fi
-exec go run ./examples/payment -engine "$engine" "$@"
+exec $GO run ./examples/payment -engine "$engine" "$@"

@@ -3,15 +3,16 @@
 # RocketMQ (namesrv + broker), on loopback only, installed and started without Docker.
 #
 #   scripts/services.sh install                       install MariaDB and PostgreSQL, fetch the RocketMQ jars
-#   scripts/services.sh up [mariadb|postgres|namesrv|broker|broker-b]   install if missing, start, wait until usable
-#   scripts/services.sh down [mariadb|postgres|namesrv|broker|broker-b] stop what this script started (recorded PIDs)
+#   scripts/services.sh up [SERVICE...]               install if missing, start, wait until usable (default: all)
+#   scripts/services.sh down [SERVICE...]             stop what this script started (recorded PIDs)
 #   scripts/services.sh kill9 broker|broker-b|namesrv|mariadb|postgres  SIGKILL one service (fault tests)
 #   scripts/services.sh status                        what runs, on which port
-#   scripts/services.sh logs [mariadb|postgres|namesrv|broker|broker-b] tail the logs
+#   scripts/services.sh logs [SERVICE...]             tail the logs
 #   scripts/services.sh admin <mqadmin args>          RocketMQ admin tool, name server preset
 #   scripts/services.sh env                           print the settings as shell exports
 #
-# Every setting can be changed from the environment; see the defaults below.
+# SERVICE is mariadb, postgres, namesrv, broker or broker-b. Every setting can
+# be changed from the environment; see the defaults below.
 # RMQTX_BROKERS=2 starts a two-master cluster: broker-a ("broker", on
 # RMQTX_BROKER_PORT) and broker-b (on RMQTX_BROKER_B_PORT), each with its own
 # ports and store, registered with the one name server (cluster tests).
@@ -20,6 +21,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RUN_DIR=${RMQTX_RUN_DIR:-$ROOT/.run}
+[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR # psql takes an absolute socket folder
 CACHE_DIR=${RMQTX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rmqtx}
 ROCKETMQ_VERSION=${RMQTX_ROCKETMQ_VERSION:-5.3.3}
 MYSQL_PORT=${RMQTX_MYSQL_PORT:-3307}
@@ -40,9 +42,13 @@ BROKER_HEAP=${RMQTX_BROKER_HEAP:-$([[ $BROKERS == 2 ]] && echo 384m || echo 512m
 # Short transaction-check settings for tests (the broker's defaults are 6000 / 30000 / 15).
 # broker.conf's transactionOpBatchInterval (1000) stays below TX_TIMEOUT_MS, so the
 # broker never re-checks an answered half; keep it that way (see start_broker).
+# 32 checks keep a half for about 67 s before the broker discards it, so that
+# txproducer's default FenceAge (60 s) fits: FenceAge + interval < timeout +
+# (max-1) x interval, i.e. FenceAge < 63 s; a default Start warns of nothing.
+# The fault and cluster suites' private brokers set 5 (13 s) for fast discards.
 TX_TIMEOUT_MS=${RMQTX_TX_TIMEOUT_MS:-3000}
 TX_CHECK_INTERVAL_MS=${RMQTX_TX_CHECK_INTERVAL_MS:-2000}
-TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-5}
+TX_CHECK_MAX=${RMQTX_TX_CHECK_MAX:-32}
 # How long a send may wait in the broker's queue before the broker fails it
 # fast ([TIMEOUT_CLEAN_QUEUE] broker busy); empty keeps broker.conf's value.
 # A test that freezes the broker (SIGSTOP) sets it above the freeze, or the
@@ -55,7 +61,12 @@ DB_DIR=$RUN_DIR/mariadb
 RMQ_DIR=$RUN_DIR/rocketmq
 PID_DIR=$RUN_DIR/pids
 MYSQL_SOCK=$DB_DIR/mysqld.sock
+# PostgreSQL's folder (data, socket, log): $RUN_DIR/postgres, unless the
+# cluster had to move out of the run folder (see pg_place), which records
+# where in $PG_RECORD.
+PG_RECORD=$RUN_DIR/postgres.dir
 PG_DIR=$RUN_DIR/postgres
+if [[ -s $PG_RECORD ]]; then PG_DIR=$(<"$PG_RECORD"); fi
 
 JDK_FLAGS=(--add-opens java.base/java.nio=ALL-UNNAMED --add-exports java.base/sun.nio.ch=ALL-UNNAMED
   --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/java.util=ALL-UNNAMED)
@@ -146,7 +157,10 @@ SQL
 # A private cluster under $PG_DIR (data, socket, log), listening on
 # 127.0.0.1:$PG_PORT only. initdb and postgres refuse to run as root, so as
 # root they run as the "postgres" system user (the Debian package creates it)
-# and $PG_DIR belongs to that user. fsync=off is the analogue of MariaDB's
+# and $PG_DIR belongs to that user. That user must reach $PG_DIR: when it
+# cannot enter the run folder (a clone under /root, or inside a 0700
+# `mktemp -d` folder), the cluster lives under its own home instead (pg_place);
+# nothing of the user's folders is opened up. fsync=off is the analogue of MariaDB's
 # innodb-flush-log-at-trx-commit=2: a commit is written to the OS before it
 # returns, so a killed server loses nothing, only a machine crash would.
 # synchronous_commit stays on for exactly that reason.
@@ -184,23 +198,84 @@ as_pg() {
 
 pg_psql() { psql -X -q -v ON_ERROR_STOP=1 -h "$PG_DIR/sock" -p "$PG_PORT" -U postgres "$@"; }
 
+# pg_place picks the cluster's folder on its first start as root: the run
+# folder's own postgres/ when the postgres user can enter the run folder,
+# otherwise <base>/rmqtx-postgres/<hash of the run folder's path>, where base
+# is the first of that user's home and /var/tmp that it can enter. The choice
+# is recorded in $PG_RECORD, so that every later command (up, down, status,
+# logs, env) finds the same cluster; a run folder that is new (no record)
+# starts from an empty cluster, as it would in place.
+pg_place() {
+  [[ -s $PG_RECORD ]] && return
+  ((EUID == 0)) || return 0
+  mkdir -p "$RUN_DIR"
+  as_pg test -x "$RUN_DIR" -a -r "$RUN_DIR" 2>/dev/null && return
+  local run base home
+  run=$(realpath -ms "$RUN_DIR")
+  home=$(getent passwd postgres | cut -d: -f6)
+  for base in "$home" /var/tmp ""; do
+    [[ -n $base ]] && as_pg test -x "$base" 2>/dev/null && break
+  done
+  [[ -n $base ]] || die "the postgres user can enter neither the run folder $RUN_DIR nor its home ($home) nor /var/tmp; set RMQTX_RUN_DIR to a folder it can enter"
+  base=$base/rmqtx-postgres
+  PG_DIR=$base/$(printf '%s' "$run" | sha256sum | cut -c1-16)
+  log "the postgres user cannot enter $RUN_DIR: PostgreSQL's folder is $PG_DIR"
+  install -d -m 0755 "$base"
+  # Recorded first: from here on pg_collect of another run leaves it alone.
+  echo "$PG_DIR" >"$PG_RECORD"
+  pg_collect "$base"
+  if [[ -e $PG_DIR ]]; then
+    # Left by an earlier run folder at the same path, since removed.
+    pg_running "$PG_DIR" && die "a PostgreSQL of an earlier run folder at $run still runs from $PG_DIR; stop it first"
+    rm -rf "$PG_DIR"
+  fi
+  install -d -m 0700 "$PG_DIR"
+  echo "$run" >"$PG_DIR/run-dir"
+}
+
+# pg_running: a postmaster runs from the cluster folder $1.
+pg_running() {
+  local pid
+  [[ -f $1/data/postmaster.pid ]] || return 1
+  pid=$(head -n 1 "$1/data/postmaster.pid")
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# pg_collect removes the moved clusters under $1 whose run folder is gone
+# (a test's private run folder, removed with rm -rf) and that no server runs
+# from; a run folder that still records one keeps it.
+pg_collect() {
+  local d owner
+  for d in "$1"/*; do
+    [[ -f $d/run-dir ]] || continue
+    owner=$(<"$d/run-dir")
+    [[ -s $owner/postgres.dir && $(<"$owner/postgres.dir") == "$d" ]] && continue
+    pg_running "$d" && continue
+    log "removing $d: PostgreSQL folder of the run folder $owner, which is gone"
+    rm -rf "$d"
+  done
+}
+
 start_postgres() {
   if pid_of postgres >/dev/null; then return; fi
   ensure_postgres_installed
   local bin
   bin=$(pg_bin_dir)
-  mkdir -p "$PG_DIR/sock" "$PID_DIR"
   if ((EUID == 0)); then
     id postgres >/dev/null 2>&1 || die "running as root needs the 'postgres' system user (apt's postgresql package creates it)"
-    chown -R postgres: "$PG_DIR"
+    pg_place
   fi
+  mkdir -p "$PG_DIR/sock" "$PID_DIR"
+  if ((EUID == 0)); then chown -R postgres: "$PG_DIR"; fi
   if [[ ! -f $PG_DIR/data/PG_VERSION ]]; then
     log "initialising PostgreSQL data folder $PG_DIR/data"
     # Local superuser "postgres" by socket (trust; the socket lives in the
     # private folder); TCP needs a password. Byte-order collation, as
     # MariaDB's utf8mb4_bin.
-    as_pg "$bin/initdb" -D "$PG_DIR/data" -U postgres --encoding=UTF8 --locale=C \
-      --auth-local=trust --auth-host=scram-sha-256 >"$PG_DIR/initdb.log" 2>&1 \
+    # From inside the folder: as the postgres user, the caller's working
+    # folder may be out of reach (initdb: "could not identify current directory").
+    (cd "$PG_DIR" && as_pg "$bin/initdb" -D "$PG_DIR/data" -U postgres --encoding=UTF8 --locale=C \
+      --auth-local=trust --auth-host=scram-sha-256) >"$PG_DIR/initdb.log" 2>&1 \
       || { tail -20 "$PG_DIR/initdb.log" >&2; die "initdb failed"; }
   fi
   port_open "$PG_PORT" && die "port $PG_PORT is taken by another process; set RMQTX_PG_PORT"
@@ -208,10 +283,11 @@ start_postgres() {
   # Its log file is opened by this shell, before the user switch.
   local run=()
   ((EUID == 0)) && run=(setpriv --reuid=postgres --regid=postgres --init-groups --)
-  setsid "${run[@]}" "$bin/postgres" -D "$PG_DIR/data" -c listen_addresses=127.0.0.1 -p "$PG_PORT" \
+  # The subshell execs setsid, which execs the server: $! is its PID.
+  (cd "$PG_DIR" && exec setsid "${run[@]}" "$bin/postgres" -D "$PG_DIR/data" -c listen_addresses=127.0.0.1 -p "$PG_PORT" \
     -c unix_socket_directories="$PG_DIR/sock" -c max_connections=400 -c shared_buffers=128MB \
     -c fsync=off -c full_page_writes=off -c synchronous_commit=on -c timezone=UTC \
-    -c max_prepared_transactions=0 -c log_min_messages=warning -c log_line_prefix='%m [%p] ' \
+    -c max_prepared_transactions=0 -c log_min_messages=warning -c log_line_prefix='%m [%p] ') \
     </dev/null >>"$PG_DIR/postgres.log" 2>&1 &
   echo $! >"$PID_DIR/postgres.pid"
 }
@@ -342,7 +418,7 @@ broker_fail() { # message [service]
   die "$1"
 }
 
-wait_rocketmq() { # [broker service to wait for; default all]
+wait_rocketmq() { # [broker services to wait for; default all]
   local deadline=$((SECONDS + WAIT_SECONDS)) svc port
   until port_open "$NAMESRV_PORT"; do
     pid_of namesrv >/dev/null || { tail -30 "$RMQ_DIR/logs/namesrv.out" >&2; die "namesrv exited during start-up"; }
@@ -351,7 +427,7 @@ wait_rocketmq() { # [broker service to wait for; default all]
   done
   local args=()
   for svc in $(brokers); do
-    [[ -z ${1:-} || $1 == "$svc" ]] || continue
+    want "$svc" "$@" || continue
     port=$(broker_port "$svc")
     until port_open "$port"; do
       pid_of "$svc" >/dev/null || broker_fail "$svc exited during start-up" "$svc"
@@ -383,30 +459,59 @@ svcready() {
 
 # ---------- commands ----------
 
-want() { [[ -z ${1:-} || $1 == "$2" ]]; }
+# The services of this run, in start order.
+services() { echo mariadb postgres namesrv $(brokers); }
 
+# want SERVICE [NAMES...]: the command names SERVICE, or names none (all).
+want() {
+  local svc=$1 n
+  shift
+  (($# == 0)) && return 0
+  for n in "$@"; do [[ $n == "$svc" ]] && return 0; done
+  return 1
+}
+
+# check_names refuses a name that is not a service of this run (a typo
+# would otherwise start or stop nothing and succeed).
+check_names() {
+  local n
+  for n in "$@"; do
+    [[ " $(services) " == *" $n "* ]] || die "unknown service '$n' (services: $(services); broker-b needs RMQTX_BROKERS=2)"
+  done
+}
+
+# up [NAMES...]: start the named services (all when none) and wait until
+# each is usable. `make demo` starts only its database and RocketMQ.
 cmd_up() {
-  local only=${1:-}
-  local t0=$SECONDS svc all=1
+  check_names "$@"
+  local t0=$SECONDS svc all=1 rmq=() where=()
   mkdir -p "$PID_DIR"
-  for svc in mariadb postgres namesrv $(brokers); do pid_of "$svc" >/dev/null || all=0; done
-  if [[ -z $only && $all == 1 ]]; then
+  for svc in $(services); do pid_of "$svc" >/dev/null || all=0; done
+  if (($# == 0)) && [[ $all == 1 ]]; then
     log "already up (use 'status' for details)"
     return
   fi
-  want "$only" mariadb && start_mariadb
-  want "$only" postgres && start_postgres
-  want "$only" namesrv && start_namesrv
-  for svc in $(brokers); do want "$only" "$svc" && start_broker "$svc"; done
-  want "$only" mariadb && wait_mariadb
-  want "$only" postgres && wait_postgres
-  case $only in
-    "" | namesrv) wait_rocketmq ;;
-    broker | broker-b) wait_rocketmq "$only" ;;
-  esac
-  local where="broker 127.0.0.1:$BROKER_PORT"
-  [[ $BROKERS == 2 ]] && where="brokers broker-a 127.0.0.1:$BROKER_PORT, broker-b 127.0.0.1:$BROKER_B_PORT"
-  log "up in $((SECONDS - t0))s: MariaDB 127.0.0.1:$MYSQL_PORT, PostgreSQL 127.0.0.1:$PG_PORT, namesrv 127.0.0.1:$NAMESRV_PORT, $where"
+  want mariadb "$@" && start_mariadb
+  want postgres "$@" && start_postgres
+  want namesrv "$@" && start_namesrv
+  for svc in $(brokers); do if want "$svc" "$@"; then start_broker "$svc"; fi; done
+  if want mariadb "$@"; then wait_mariadb; where+=("MariaDB 127.0.0.1:$MYSQL_PORT"); fi
+  if want postgres "$@"; then wait_postgres; where+=("PostgreSQL 127.0.0.1:$PG_PORT"); fi
+  # The name server is usable once every broker registered again: naming it
+  # waits for all brokers, as naming none does.
+  if want namesrv "$@"; then
+    rmq=($(brokers))
+  else
+    for svc in $(brokers); do if want "$svc" "$@" && (($# > 0)); then rmq+=("$svc"); fi; done
+  fi
+  if want namesrv "$@" || ((${#rmq[@]} > 0)); then
+    wait_rocketmq "${rmq[@]}"
+    where+=("namesrv 127.0.0.1:$NAMESRV_PORT")
+    for svc in "${rmq[@]}"; do where+=("$(broker_name "$svc") 127.0.0.1:$(broker_port "$svc")"); done
+  fi
+  local list
+  list=$(printf '%s, ' "${where[@]}")
+  log "up in $((SECONDS - t0))s: ${list%, }"
 }
 
 stop_one() { # service signal
@@ -421,18 +526,19 @@ stop_one() { # service signal
 }
 
 cmd_down() {
-  local only=${1:-}
-  want "$only" broker-b && stop_one broker-b TERM
-  want "$only" broker && stop_one broker TERM
-  want "$only" namesrv && stop_one namesrv TERM
-  want "$only" mariadb && stop_one mariadb TERM
+  check_names "$@"
+  if want broker-b "$@"; then stop_one broker-b TERM; fi
+  if want broker "$@"; then stop_one broker TERM; fi
+  if want namesrv "$@"; then stop_one namesrv TERM; fi
+  if want mariadb "$@"; then stop_one mariadb TERM; fi
   # SIGINT is PostgreSQL's fast shutdown; SIGTERM waits for every client.
-  want "$only" postgres && stop_one postgres INT
+  if want postgres "$@"; then stop_one postgres INT; fi
   return 0
 }
 
 cmd_kill9() {
-  [[ -n ${1:-} ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb|postgres"
+  [[ $# == 1 ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb|postgres"
+  check_names "$1"
   stop_one "$1" KILL
 }
 
@@ -447,17 +553,18 @@ cmd_status() {
     fi
   done
   printf 'run dir  %s\njar cache %s\n' "$RUN_DIR" "$LIB_DIR"
+  if [[ $PG_DIR != "$RUN_DIR/postgres" ]]; then printf 'postgres dir %s\n' "$PG_DIR"; fi
   return $rc
 }
 
 cmd_logs() {
-  local only=${1:-}
-  want "$only" mariadb && { echo "== mariadb ($DB_DIR/error.log)"; tail -n "${LINES_:-40}" "$DB_DIR/error.log" 2>/dev/null || true; }
-  want "$only" postgres && { echo "== postgres ($PG_DIR/postgres.log)"; tail -n 40 "$PG_DIR/postgres.log" 2>/dev/null || true; }
-  want "$only" namesrv && { echo "== namesrv"; tail -n 40 "$RMQ_DIR/logs/namesrv.out" 2>/dev/null || true; }
-  want "$only" broker && { echo "== broker"; tail -n 40 "$RMQ_DIR/logs/broker.out" 2>/dev/null || true
+  check_names "$@"
+  want mariadb "$@" && { echo "== mariadb ($DB_DIR/error.log)"; tail -n "${LINES_:-40}" "$DB_DIR/error.log" 2>/dev/null || true; }
+  want postgres "$@" && { echo "== postgres ($PG_DIR/postgres.log)"; tail -n 40 "$PG_DIR/postgres.log" 2>/dev/null || true; }
+  want namesrv "$@" && { echo "== namesrv"; tail -n 40 "$RMQ_DIR/logs/namesrv.out" 2>/dev/null || true; }
+  want broker "$@" && { echo "== broker"; tail -n 40 "$RMQ_DIR/logs/broker.out" 2>/dev/null || true
     echo "== broker.log"; tail -n 40 "$RMQ_DIR/logs/rocketmqlogs/broker.log" 2>/dev/null || true; }
-  if [[ $BROKERS == 2 ]] && want "$only" broker-b; then
+  if [[ $BROKERS == 2 ]] && want broker-b "$@"; then
     echo "== broker-b"; tail -n 40 "$RMQ_DIR/broker-b/logs/broker.out" 2>/dev/null || true
     echo "== broker-b broker.log"; tail -n 40 "$RMQ_DIR/broker-b/logs/rocketmqlogs/broker.log" 2>/dev/null || true
   fi
@@ -486,5 +593,5 @@ case ${1:-} in
   logs) shift; cmd_logs "$@" ;;
   admin) shift; mqadmin "$@" ;;
   env) cmd_env ;;
-  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -4,8 +4,6 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
-
-	"github.com/rmqtx/rmqtx/internal/sqlname"
 )
 
 //go:embed migrations
@@ -13,9 +11,9 @@ var migrationFS embed.FS
 
 // Migrations returns the package's schema steps for the dialect named d
 // ("mysql"): the NNN_description.sql files of one folder, and the validated
-// table names that fill their {{...}} placeholders under prefix (used
-// verbatim, as in New; "" means no prefix). schema.MigrateAll runs them,
-// with every other owner's, as one plan.
+// table names that fill their {{...}} placeholders under prefix ("" means
+// DefaultPrefix, as in New). schema.Migrate runs them, with every other
+// owner's, as one plan; schema.Files writes them for other tools.
 func Migrations(d, prefix string) (fs.FS, map[string]string, error) {
 	fsys, err := fs.Sub(migrationFS, "migrations/"+d)
 	if err == nil {
@@ -24,9 +22,9 @@ func Migrations(d, prefix string) (fs.FS, map[string]string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: no migrations for database %q", ErrInvalid, d)
 	}
-	table, err := sqlname.Table(prefix, TableSuffix)
+	table, err := TableName(prefix)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, nil, err
 	}
 	return fsys, map[string]string{"{{table}}": table}, nil
 }

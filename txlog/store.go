@@ -12,7 +12,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/dialect"
-	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/sqltime"
 	"github.com/rmqtx/rmqtx/internal/stmtcache"
 )
@@ -44,9 +43,9 @@ type queries struct {
 const columns = "event_id, producer_group, topic, tags, msg_keys, event_type, state, payload, payload_hash, " +
 	"properties, business_key, created_at, resolved_at, resolved_by, recovered_at, recovery_decision, recovery_note"
 
-// New returns a Store for the table prefix+"txlog" in db. Pass DefaultPrefix
-// for the standard name; the prefix is validated (letters, digits and
-// underscores, starting with a letter; empty means no prefix).
+// New returns a Store for the table prefix+"txlog" in db. An empty prefix
+// means DefaultPrefix (rmqtx_txlog), as everywhere in rmqtx; the prefix is
+// validated (letters, digits and underscores, starting with a letter).
 func New(db *sqlx.DB, prefix string) (*Store, error) {
 	if db == nil {
 		return nil, invalid("nil database")
@@ -55,9 +54,9 @@ func New(db *sqlx.DB, prefix string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	table, err := sqlname.Table(prefix, TableSuffix)
+	table, err := TableName(prefix)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, err
 	}
 	s := &Store{db: db, d: d, table: table, now: func() time.Time { return time.Now().UTC() }}
 	values := "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
@@ -315,13 +314,25 @@ func (s *Store) Record(ctx context.Context, r Row) (row Row, inserted bool, err 
 // ROLLED_BACK (ResolvedBy defaults to ByFence) unless a row exists, and
 // returns the row as it stands afterwards. See Record for how it waits on a
 // local transaction still in flight.
+//
+// When r names a half (Row.Half) and the row that exists is ROLLED_BACK
+// for another half (Retakable), Fence also makes sure r's half can never
+// retake the id: it raises the row's resolved_at to now (see Retake),
+// after waiting for a Retake in flight, and returns the row as that left
+// it. fenced stays false then: it reports that a row was written for a
+// transaction that had none.
 func (s *Store) Fence(ctx context.Context, r Row) (row Row, fenced bool, err error) {
 	r.State = StateRolledBack
 	r.Payload = nil
 	if r.ResolvedBy == "" {
 		r.ResolvedBy = ByFence
 	}
-	return s.Record(ctx, r)
+	row, fenced, err = s.Record(ctx, r)
+	if err != nil || fenced || !Retakable(row, r.Half()) {
+		return row, fenced, err
+	}
+	row, err = s.fenceHalf(ctx, r.EventID)
+	return row, false, err
 }
 
 // MarkRecovered records what discard recovery decided for id.

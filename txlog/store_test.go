@@ -26,6 +26,17 @@ func TestNewValidatesPrefix(t *testing.T) {
 	s, err := txlog.New(nilDB(), "svc_")
 	require.NoError(t, err)
 	require.Equal(t, "svc_txlog", s.Table())
+
+	// "" means DefaultPrefix, as in every rmqtx package.
+	s, err = txlog.New(nilDB(), "")
+	require.NoError(t, err)
+	require.Equal(t, txlog.DefaultPrefix+"txlog", s.Table())
+	name, err := txlog.TableName("")
+	require.NoError(t, err)
+	require.Equal(t, s.Table(), name)
+	_, names, err := txlog.Migrations("mysql", "")
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"{{table}}": s.Table()}, names)
 }
 
 func TestMigrationsEmbedded(t *testing.T) {

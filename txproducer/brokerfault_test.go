@@ -178,7 +178,7 @@ func (f *faultBed) testHalfNeverStored(t *testing.T) {
 	}
 	require.ErrorIs(t, err, txproducer.ErrSend)
 	require.NotErrorIs(t, err, txproducer.ErrLocalTx)
-	require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(err), "%v", err)
+	require.Equal(t, txproducer.RetryWithSameID, txproducer.RetryAdvice(err), "%v", err)
 	require.Equal(t, txproducer.StateRolledBack, res.State)
 	require.False(t, ran, "the caller's function must not run without a stored half")
 	_, gerr := f.store.Get(context.Background(), id)

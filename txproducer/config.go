@@ -15,6 +15,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/txlog"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Defaults.
@@ -27,8 +28,9 @@ const (
 	// DefaultBrokerWatchInterval: see Config.BrokerWatchInterval.
 	DefaultBrokerWatchInterval = 2 * time.Second
 	// DefaultMaxPayloadBytes leaves 64 KiB of the broker's default 4 MiB
-	// maxMessageSize for properties.
-	DefaultMaxPayloadBytes = 4<<20 - 64<<10
+	// maxMessageSize for properties. It is wire.MaxPayloadBytes, the limit
+	// outbox.Enqueue applies too.
+	DefaultMaxPayloadBytes = wire.MaxPayloadBytes
 )
 
 // Config configures a Producer.
@@ -145,6 +147,11 @@ type TestHooks struct {
 	// transaction's, which gets LocalTxTimeout's deadline only once the
 	// half is stored.
 	BeforeLocalTx func(ctx context.Context, eventID string)
+	// LoseEnd, when it returns true for a Send's event id, makes the
+	// producer end that Send's half with UNKNOWN whatever its local
+	// outcome (which is persisted as usual): to the broker this is an
+	// END_TRANSACTION that was lost, so it checks the half later.
+	LoseEnd func(eventID string) bool
 }
 
 // WithDefaults returns a copy of c with defaults filled in.

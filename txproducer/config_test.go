@@ -74,36 +74,41 @@ func TestConfigLogMustUseDB(t *testing.T) {
 	}
 }
 
-// Only ErrCommitUnknown may be retried with the same event id; the
-// failures that spent the id ask for a new one; the rest for nothing.
+// A failed Send does not spend its id: every failure that committed
+// nothing is retried with the same event id, as is an unknown outcome; the
+// rest are not retried. IsRetryable says whether a retry may succeed
+// unchanged: not after the caller's own refusal.
 func TestRetryAdvice(t *testing.T) {
 	t.Parallel()
 	wrap := func(err error) error { return fmt.Errorf("outer: %w", err) }
 	for _, tc := range []struct {
 		err  error
 		want txproducer.Advice
+		// retryable is IsRetryable's answer when it differs from
+		// want != DontRetry (only a business refusal in ErrLocalTx).
+		refusal bool
 	}{
-		{nil, txproducer.DontRetry},
-		{wrap(txproducer.ErrCommitUnknown), txproducer.RetryWithSameID},
-		{wrap(txproducer.ErrSend), txproducer.RetryWithNewID},
-		{wrap(txproducer.ErrDatabase), txproducer.RetryWithNewID},
-		{wrap(txproducer.ErrFenced), txproducer.RetryWithNewID},
-		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, errors.New("declined")), txproducer.DontRetry},
+		{nil, txproducer.DontRetry, false},
+		{wrap(txproducer.ErrCommitUnknown), txproducer.RetryWithSameID, false},
+		{wrap(txproducer.ErrSend), txproducer.RetryWithSameID, false},
+		{wrap(txproducer.ErrDatabase), txproducer.RetryWithSameID, false},
+		{wrap(txproducer.ErrFenced), txproducer.RetryWithSameID, false},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, errors.New("declined")), txproducer.RetryWithSameID, true},
 		// the database rolled the caller's transaction back: run it again
-		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}), txproducer.RetryWithNewID},
-		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "40001", Message: "could not serialize access"}), txproducer.RetryWithNewID},
-		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}), txproducer.RetryWithNewID},
-		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "23505", Message: "duplicate key"}), txproducer.DontRetry},
-		{wrap(txproducer.ErrEventIDConflict), txproducer.DontRetry},
-		{wrap(txproducer.ErrInvalidMessage), txproducer.DontRetry},
-		{wrap(txproducer.ErrPayloadTooLarge), txproducer.DontRetry},
-		{txproducer.ErrConfig, txproducer.DontRetry},
-		{&txproducer.BrokerSettingsError{}, txproducer.DontRetry},
-		{txproducer.ErrNotStarted, txproducer.DontRetry},
-		{txproducer.ErrClosed, txproducer.DontRetry},
-		{errors.New("not ours"), txproducer.DontRetry},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}), txproducer.RetryWithSameID, false},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "40001", Message: "could not serialize access"}), txproducer.RetryWithSameID, false},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}), txproducer.RetryWithSameID, false},
+		{fmt.Errorf("%w: %w", txproducer.ErrLocalTx, &pgconn.PgError{Code: "23505", Message: "duplicate key"}), txproducer.RetryWithSameID, true},
+		{wrap(txproducer.ErrEventIDConflict), txproducer.DontRetry, false},
+		{wrap(txproducer.ErrInvalidMessage), txproducer.DontRetry, false},
+		{wrap(txproducer.ErrPayloadTooLarge), txproducer.DontRetry, false},
+		{txproducer.ErrConfig, txproducer.DontRetry, false},
+		{&txproducer.BrokerSettingsError{}, txproducer.DontRetry, false},
+		{txproducer.ErrNotStarted, txproducer.DontRetry, false},
+		{txproducer.ErrClosed, txproducer.DontRetry, false},
+		{errors.New("not ours"), txproducer.DontRetry, false},
 	} {
 		require.Equal(t, tc.want, txproducer.RetryAdvice(tc.err), "%v", tc.err)
-		require.Equal(t, tc.want != txproducer.DontRetry, txproducer.IsRetryable(tc.err), "IsRetryable(%v)", tc.err)
+		require.Equal(t, tc.want != txproducer.DontRetry && !tc.refusal, txproducer.IsRetryable(tc.err), "IsRetryable(%v)", tc.err)
 	}
 }

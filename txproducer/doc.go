@@ -22,12 +22,21 @@
 // crash). The row records the UNIQ_KEY of the half that committed; every
 // other half is answered ROLLBACK, by its own Send and by any check, and
 // that Send reports the event as committed with Result.Duplicate set. A
-// supplied id that already has a row is answered from it without sending.
+// supplied id is not looked up first: a Send of an id that already has a
+// row sends its own half too, and its local transaction, finding the row at
+// its first statement, answers that half ROLLBACK (`rmqtx inspect` shows
+// both halves) and reports the row's outcome.
 //
-// Retries: only ErrCommitUnknown may be retried with the same event id.
-// Every other failure spends the id (its rollback is persisted, or a check
-// fences it), and a Send with a spent id returns ErrFenced; RetryAdvice
-// tells the cases apart.
+// Retries: a failed Send does not spend its event id. When the id's row
+// records a rollback (the caller's function failed, the database or the
+// broker failed, a check fenced the half), a later Send with the same id
+// takes the row over (txlog.Store.Retake): its half becomes the one the row
+// names, and every older half of the id is answered ROLLBACK by any check
+// and dropped by discard recovery. A check that fenced a half past
+// FenceAge makes sure that half's own Send can never take the id over
+// after. A committed id stays final: sending it again returns Duplicate.
+// So an id derived from a business key can be retried after any ordinary
+// failure; RetryAdvice says which failures to retry at all.
 //
 // Traps of the raw client handled here: a unique instance name per
 // lifecycle and the producer's own group (clients are shared per instance

@@ -6,14 +6,19 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Sentinel errors. Every error from this package wraps one of them. Which
-// retry is safe after each one is stated here and returned by RetryAdvice:
-// only ErrCommitUnknown may be retried with the same event id, because any
-// other failure has spent the id (a ROLLED_BACK row was persisted, or a
-// check will fence it) and a Send with a spent id returns ErrFenced.
+// retry is safe after each one is stated here and returned by RetryAdvice.
+// A failed Send does not spend its event id: a later Send with the same id
+// may commit it (the txlog row of a rolled-back id is taken over, and every
+// earlier half of the id is answered ROLLBACK), so an id derived from a
+// business key can be retried after any ordinary failure. Only a committed
+// id is final: sending it again returns Duplicate.
 var (
 	// ErrConfig: the Config is invalid (at New), or does not fit the
 	// broker's settings (at Start, see BrokerSettingsError). Do not retry.
@@ -22,40 +27,43 @@ var (
 	// Do not retry: fix the message.
 	ErrInvalidMessage = errors.New("txproducer: invalid message")
 	// ErrPayloadTooLarge: the payload exceeds MaxPayloadBytes (also wraps
-	// ErrInvalidMessage). Nothing was sent. Do not retry.
-	ErrPayloadTooLarge = errors.New("txproducer: payload too large")
+	// ErrInvalidMessage). Nothing was sent. Do not retry. It is
+	// wire.ErrPayloadTooLarge, the error outbox.Enqueue returns for the same
+	// limit, so one errors.Is test serves both.
+	ErrPayloadTooLarge = wire.ErrPayloadTooLarge
 	// ErrNotStarted: Send before Start. Do not retry.
 	ErrNotStarted = errors.New("txproducer: not started")
 	// ErrClosed: Send or Start after Shutdown. Do not retry.
 	ErrClosed = errors.New("txproducer: shut down")
 	// ErrSend: the half message could not be stored by the broker, or was
 	// stored but the client did not run the local transaction. Nothing
-	// committed. Retry with a NEW event id: a half may be stored under the
-	// old one, and a check fences it.
+	// committed. Retry with the same event id: a half stored under it is
+	// answered ROLLBACK once another half commits the id.
 	ErrSend = errors.New("txproducer: send half message")
 	// ErrDatabase: the database failed before the local transaction could
-	// commit. Nothing committed. Retry with a NEW event id: the rollback was
-	// persisted (or a check fences the id), so the old id is spent.
+	// commit. Nothing committed. Retry with the same event id.
 	ErrDatabase = errors.New("txproducer: database")
 	// ErrLocalTx: the caller's function returned an error or panicked; the
-	// transaction was rolled back and the id is spent. errors.Is/As reach
-	// the cause; whether to try again (with a new id) is the caller's call,
-	// so RetryAdvice says DontRetry.
+	// transaction was rolled back. errors.Is/As reach the cause. Whether to
+	// try again is the caller's call (a business rule may refuse again);
+	// if it does, it sends the same event id, and RetryAdvice says so.
 	ErrLocalTx = errors.New("txproducer: local transaction failed")
-	// ErrFenced: a decision for this event id already exists as ROLLED_BACK
-	// (a check fenced it, or an earlier attempt rolled back). Nothing
-	// committed under this id, and nothing ever will: if the event is still
-	// wanted, send it with a new event id.
+	// ErrFenced: this Send's half was answered ROLLBACK before its local
+	// transaction could take the id (a check or recovery fenced it while
+	// it waited, or the id's row was written before rmqtx recorded halves,
+	// which keeps it final). Nothing committed under this Send. A new Send
+	// with the same id may commit it (RetryWithSameID), except for an id
+	// whose row names no half.
 	ErrFenced = errors.New("txproducer: event id already rolled back")
 	// ErrEventIDConflict: the event id was committed earlier with a
 	// different payload. Nothing new committed. Do not retry: two events
 	// share an id (invariant I5).
 	ErrEventIDConflict = errors.New("txproducer: event id committed with a different payload")
 	// ErrCommitUnknown: COMMIT returned an error and the outcome could not
-	// be read back. The txlog decides. This is the one error to retry with
-	// the SAME event id (Result.EventID): the retry learns the outcome
-	// without a second copy; a committed event comes back as State
-	// Committed with Duplicate set, one that did not commit as ErrFenced.
+	// be read back. The txlog decides. Retry with the SAME event id
+	// (Result.EventID): the retry learns the outcome without a second copy;
+	// a committed event comes back as State Committed with Duplicate set,
+	// one that did not commit is committed by the retry.
 	ErrCommitUnknown = errors.New("txproducer: commit outcome unknown")
 )
 
@@ -116,12 +124,14 @@ const (
 	// DontRetry: nil, or sending again cannot help (invalid config or
 	// message, the caller's function refused, an id conflict, closed).
 	DontRetry Advice = iota
-	// RetryWithNewID: nothing committed and the event id is spent; a Send
-	// with a new event id (Message.EventID empty) may succeed. The caller's
-	// function runs again.
+	// RetryWithNewID: a Send with a new event id may succeed. RetryAdvice
+	// no longer returns it (a failed Send does not spend its id); it is
+	// kept so that code switching on it compiles.
 	RetryWithNewID
-	// RetryWithSameID: the outcome is unknown; Send again with the same
-	// event id (Result.EventID) to learn it. Only ErrCommitUnknown.
+	// RetryWithSameID: nothing committed, or the outcome is unknown; Send
+	// again with the same event id (Result.EventID). A committed outcome
+	// comes back as Duplicate with no second copy; otherwise the caller's
+	// function runs again and may commit the id.
 	RetryWithSameID
 )
 
@@ -136,34 +146,77 @@ func (a Advice) String() string {
 	}
 }
 
-// RetryAdvice classifies a Send error: RetryWithSameID for ErrCommitUnknown
-// (the only one whose outcome is open), RetryWithNewID for ErrSend,
-// ErrDatabase and ErrFenced (nothing committed, the id is spent), and for
-// an ErrLocalTx whose cause is the database rolling the transaction back
-// (a deadlock, a serialization failure under REPEATABLE READ or
-// SERIALIZABLE, a lock wait timeout: running it again may succeed),
-// DontRetry for everything else, nil included.
+// RetryAdvice classifies a Send error: RetryWithSameID for ErrCommitUnknown,
+// ErrSend, ErrDatabase, ErrFenced and ErrLocalTx (the caller's function
+// failed: whether to run it again is the caller's call, but a retry takes
+// the same id), DontRetry for everything else (an invalid message or
+// config, an id committed with another payload, a closed producer), nil
+// included.
+//
+// Two kinds of error are DontRetry whatever they wrap. An error that is not
+// a Send's: ErrStart (ErrDatabaseUnreachable, ErrNameServerUnreachable)
+// and ErrConfig involve no event id; what helps is fixing the setup and
+// calling Start again. And an ErrSend whose cause is a broker answer that
+// sending again cannot change by itself: a topic that does not exist
+// (CODE 17: an operator creates it, then the Send may be repeated), no
+// permission (16), a message the broker refuses (13). Broker answers are
+// classified by one table that the outbox, replay and discard recovery
+// share (internal/brokerclass).
 func RetryAdvice(err error) Advice {
 	switch {
 	case err == nil:
 		return DontRetry
-	case errors.Is(err, ErrCommitUnknown):
+	case errors.Is(err, ErrStart), errors.Is(err, ErrConfig):
+		return DontRetry
+	case errors.Is(err, ErrSend) && brokerRefusal(err):
+		return DontRetry
+	case errors.Is(err, ErrCommitUnknown), errors.Is(err, ErrSend), errors.Is(err, ErrDatabase),
+		errors.Is(err, ErrFenced), errors.Is(err, ErrLocalTx):
 		return RetryWithSameID
-	case errors.Is(err, ErrSend), errors.Is(err, ErrDatabase), errors.Is(err, ErrFenced):
-		return RetryWithNewID
-	case errors.Is(err, ErrLocalTx) && dialect.RolledBack(err):
-		return RetryWithNewID
 	default:
 		return DontRetry
 	}
 }
 
-// IsRetryable reports whether sending again may succeed: the failure was in
-// the broker or the database (or the id was fenced), not in the message or
-// the caller's function. It is RetryAdvice(err) != DontRetry; RetryAdvice
-// says with which event id, and only ErrCommitUnknown takes the same one.
+// IsRetryable reports whether sending again may succeed without changing
+// the message: the failure was in the broker or the database (or the id was
+// fenced, or the commit's outcome is unknown), not in the message or the
+// caller's function. An ErrLocalTx is retryable only when the database
+// rolled the transaction back (a deadlock, a serialization failure under
+// REPEATABLE READ or SERIALIZABLE, a lock wait timeout): a business
+// refusal is the caller's to judge. Retry with the same event id.
 func IsRetryable(err error) bool {
+	if errors.Is(err, ErrLocalTx) {
+		return dialect.RolledBack(err)
+	}
 	return RetryAdvice(err) != DontRetry
+}
+
+// brokerRefusal reports whether err carries a broker answer that sending
+// again cannot change by itself (internal/brokerclass).
+func brokerRefusal(err error) bool {
+	a, ok := brokerclass.OfError(err)
+	return ok && (a.Operator || a.Class == errclass.Permanent)
+}
+
+// txEnded adds to err, a failure of the local transaction's function or
+// COMMIT, why the transaction's context had ended, if it had: LocalTxTimeout
+// (errLocalTxTimeout, which wraps context.DeadlineExceeded) or the end of
+// Send's ctx. A function that ignores ctx otherwise sees only "sql:
+// transaction has already been committed or rolled back" at COMMIT.
+func txEnded(ctx context.Context, c *call, err error) error {
+	if ctx.Err() == nil && c.txCtx.Err() == nil {
+		return err
+	}
+	cause := context.Cause(c.txCtx)
+	switch {
+	case c.ctx.Err() != nil:
+		cause = fmt.Errorf("txproducer: Send's context ended during the local transaction: %w", context.Cause(c.ctx))
+	case errors.Is(cause, errLocalTxTimeout):
+	default:
+		cause = errLocalTxTimeout
+	}
+	return fmt.Errorf("%w (%w)", err, cause)
 }
 
 // Causes of the end of a local transaction's context (context.Cause).

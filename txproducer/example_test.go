@@ -58,12 +58,12 @@ func Example() {
 	}
 }
 
-// RetryAdvice says which retry is safe after a failed Send. Only an unknown
-// commit outcome is retried with the same event id: the retry learns the
-// outcome, and an event that did commit comes back as a Duplicate with no
-// second copy published. A rollback, a database or broker failure and a
-// fence spend the id, so a new attempt needs a new one (a Send with a spent
-// id returns ErrFenced); the caller's own refusal is not retried.
+// RetryAdvice says which retry is safe after a failed Send. A failure does
+// not spend the event id: a retry with the same id either learns that the
+// event committed (Duplicate, no second copy published) or commits it, and
+// every earlier half of the id is rolled back. An id committed with another
+// payload is not retried. Whether to run the caller's refused function again
+// is the caller's call (IsRetryable says false for it).
 func ExampleRetryAdvice() {
 	for _, err := range []error{
 		fmt.Errorf("send: %w", txproducer.ErrCommitUnknown),
@@ -77,15 +77,15 @@ func ExampleRetryAdvice() {
 	}
 	// Output:
 	// send: txproducer: commit outcome unknown                   -> retry with the same event id
-	// send: txproducer: database                                 -> retry with a new event id
-	// send: txproducer: send half message                        -> retry with a new event id
-	// send: txproducer: event id already rolled back             -> retry with a new event id
-	// txproducer: local transaction failed: card declined        -> do not retry
+	// send: txproducer: database                                 -> retry with the same event id
+	// send: txproducer: send half message                        -> retry with the same event id
+	// send: txproducer: event id already rolled back             -> retry with the same event id
+	// txproducer: local transaction failed: card declined        -> retry with the same event id
 	// send: txproducer: event id committed with a different payload -> do not retry
 }
 
-// A retry loop that follows the advice: the same id only after an unknown
-// outcome, a new id after a failure that spent it.
+// A retry loop that follows the advice: the event id derived from the
+// business key is sent again until it commits or the failure is final.
 func ExampleRetryAdvice_loop() {
 	send := func(id string) (txproducer.Result, error) { // stands in for p.Send
 		if id == "" {
@@ -103,8 +103,6 @@ func ExampleRetryAdvice_loop() {
 		switch txproducer.RetryAdvice(err) {
 		case txproducer.RetryWithSameID:
 			id = res.EventID
-		case txproducer.RetryWithNewID:
-			id = ""
 		default:
 			fmt.Println("giving up:", err)
 			return

@@ -20,7 +20,7 @@ import (
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
-const testFenceAge = 4 * time.Second // broker: transactionTimeOut 3 s, interval 2 s, max 5
+const testFenceAge = 4 * time.Second // broker: transactionTimeOut 3 s, interval 2 s, max 5 or more
 
 var errBusiness = errors.New("business rule says no")
 

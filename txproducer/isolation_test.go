@@ -150,7 +150,8 @@ func testSerializationFailure(t *testing.T, b *bundle, skew bool) {
 	if b.db.DriverName() != "mysql" {
 		require.Equal(t, "40001", sqlState(l.err), "a serialization failure: %v", l.err)
 	}
-	require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(l.err), "%v", l.err)
+	require.Equal(t, txproducer.RetryWithSameID, txproducer.RetryAdvice(l.err), "%v", l.err)
+	require.True(t, txproducer.IsRetryable(l.err), "%v", l.err)
 	row := b.row(t, l.id)
 	require.Equal(t, txlog.StateRolledBack, row.State, "nothing of the loser is committed")
 	require.Equal(t, txlog.ByLocalRollback, row.ResolvedBy)
@@ -213,11 +214,13 @@ func testFailedStatementIgnoredByTheFunction(t *testing.T, b *bundle) {
 	}
 	// PostgreSQL: the function's second statement already failed
 	// ("current transaction is aborted"), so it returned that error: the
-	// caller's function failed, which sending again cannot mend.
+	// caller's function failed, which sending again unchanged cannot mend
+	// (IsRetryable); a retry after a fix takes the same id (RetryAdvice).
 	require.ErrorIs(t, err, txproducer.ErrLocalTx)
 	require.Equal(t, "25P02", sqlState(err), "in failed SQL transaction: %v", err)
 	require.Equal(t, txproducer.StateRolledBack, res.State)
-	require.Equal(t, txproducer.DontRetry, txproducer.RetryAdvice(err), "%v", err)
+	require.Equal(t, txproducer.RetryWithSameID, txproducer.RetryAdvice(err), "%v", err)
+	require.False(t, txproducer.IsRetryable(err), "%v", err)
 	require.Equal(t, txlog.StateRolledBack, b.row(t, id).State)
 	require.NoError(t, b.db.Get(&orders, b.db.Rebind("SELECT COUNT(*) FROM orders WHERE id = ?"), id))
 	require.Zero(t, orders)
@@ -231,7 +234,7 @@ func testFailedStatementIgnoredByTheFunction(t *testing.T, b *bundle) {
 	})
 	require.ErrorIs(t, err, txproducer.ErrDatabase)
 	require.Equal(t, txproducer.StateRolledBack, res.State)
-	require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(err))
+	require.Equal(t, txproducer.RetryWithSameID, txproducer.RetryAdvice(err))
 	require.Equal(t, txlog.StateRolledBack, b.row(t, quiet).State)
 	b.sendMarker(t, p)
 	snap := b.coll.Snapshot()

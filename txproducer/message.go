@@ -29,11 +29,12 @@ type Message struct {
 	// (wire.Keys), where WIRE.md documents it.
 	Keys []string
 	// EventID is the stable id. Empty: a new UUIDv7. Supply your own (up to
-	// 64 bytes) to retry a Send that returned ErrCommitUnknown, or to derive
-	// the id from a business key so duplicate requests collapse into one
-	// event. Any other failure spends the id (see RetryAdvice). A supplied
-	// id that already has a txlog row is answered from it before anything
-	// is sent.
+	// 64 bytes) to derive the id from a business key, so that duplicate
+	// requests collapse into one event and a failed Send can be retried
+	// with the same id (see RetryAdvice). A supplied id that already has a
+	// txlog row still sends a half, which its local transaction rolls back
+	// at its first statement: a committed id is reported as Duplicate, a
+	// rolled-back one is taken over by this Send (see the package doc).
 	EventID          string
 	EventType        string // required
 	EventVersion     int
@@ -58,6 +59,11 @@ const (
 	// StateRolledBack: nothing committed; the event will not be delivered
 	// for this Send.
 	StateRolledBack
+	// StateNotSent: the Send stopped before anything was sent or written
+	// (an invalid message, a nil function, a context already ended, a
+	// producer not started or shut down). Nothing happened under the event
+	// id: it is not spent.
+	StateNotSent
 )
 
 func (s State) String() string {
@@ -66,6 +72,8 @@ func (s State) String() string {
 		return "committed"
 	case StateRolledBack:
 		return "rolled_back"
+	case StateNotSent:
+		return "not_sent"
 	default:
 		return "unknown"
 	}
@@ -129,8 +137,8 @@ func validate(m Message, env wire.Envelope, maxPayload int) error {
 	if len(m.Payload) == 0 {
 		return wrapf(ErrInvalidMessage, "payload is empty")
 	}
-	if len(m.Payload) > maxPayload {
-		return fmt.Errorf("%w: %w: %d bytes, limit %d", ErrInvalidMessage, ErrPayloadTooLarge, len(m.Payload), maxPayload)
+	if err := wire.CheckPayloadSize(m.Payload, maxPayload); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
 	if err := env.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidMessage, err)

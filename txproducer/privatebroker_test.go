@@ -41,9 +41,9 @@ const privateSendQueueWait = 30 * time.Second
 // privateBroker is a name server and broker of one test's own, started by
 // scripts/services.sh in a run folder of its own, so that the test can
 // freeze, kill and restart the broker without touching the shared one
-// (services.sh starts its databases beside them; the tests keep using the
-// shared MariaDB). The broker gets the test bed's broker.conf, as the
-// shared one does.
+// (only the name server and broker start; the tests keep using the shared
+// databases). The broker gets the test bed's broker.conf, as the shared one
+// does.
 type privateBroker struct {
 	env        []string
 	script     string
@@ -79,6 +79,9 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 		"RMQTX_PG_PORT="+envOrDefault(envPrivatePGPort, "16433"),
 		"RMQTX_NAMESRV_PORT="+envOrDefault(envPrivateNamesrvPort, "16876"),
 		"RMQTX_BROKER_PORT="+envOrDefault(envPrivateBrokerPort, "17911"),
+		// Fast discards (about 13 s) for the tests that wait for them; the
+		// tests' FenceAge fits.
+		"RMQTX_TX_CHECK_MAX=5",
 		// A send that reaches the broker around a freeze waits in its queue
 		// for the whole freeze; with the test bed's 1000 ms the thawed broker
 		// may fail it fast as "broker busy" instead of storing it late (CI
@@ -87,7 +90,7 @@ func startPrivateBroker(t *testing.T) *privateBroker {
 	)}
 	b.stopAtEnd(t)
 	start := time.Now()
-	if out, err := b.run("up"); err != nil {
+	if out, err := b.run("up", "namesrv", "broker"); err != nil {
 		logs, _ := b.run("logs")
 		t.Fatalf("starting the private services: %v\n%s\n%s", err, out, logs)
 	}

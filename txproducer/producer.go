@@ -22,6 +22,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/rmqroute"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
@@ -100,15 +101,8 @@ func (p *Producer) Log() *txlog.Store { return p.log }
 // InstanceName returns the client instance name of this lifecycle.
 func (p *Producer) InstanceName() string { return p.cfg.InstanceName }
 
-// Start checks FenceAge against the brokers' settings (see
-// Config.FenceAge), connects to the name server, warms up (see
-// Config.WarmupTopics), starts discard recovery, and begins answering
-// checks. With WarmupTopics it returns once every broker of those topics
-// has registered this instance (see warmup.go), so checks for older
-// transactions of the group can reach it before its first Send. It then
-// watches the cluster's masters (Config.BrokerWatchInterval) and registers
-// this instance at once with a broker that restarts (see rejoin.go).
-func (p *Producer) Start(ctx context.Context) error {
+// start is Start (see startcheck.go) without its error wrapping.
+func (p *Producer) start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch p.state {
@@ -116,6 +110,9 @@ func (p *Producer) Start(ctx context.Context) error {
 		return nil
 	case stateClosed:
 		return ErrClosed
+	}
+	if err := p.checkReachable(ctx); err != nil {
+		return err
 	}
 	masters, err := p.checkBrokerSettings(ctx)
 	if err != nil {
@@ -129,6 +126,9 @@ func (p *Producer) Start(ctx context.Context) error {
 		producer.WithSendMsgTimeout(p.cfg.SendTimeout),
 		producer.WithRetry(p.cfg.SendRetries),
 		producer.WithInterceptor(probeRollback),
+		// Keyed events go to wire.QueueFor's queue (WIRE.md, "Queue
+		// routing"), as the outbox's do; probes have no key.
+		producer.WithQueueSelector(rmqroute.New()),
 	)
 	if err != nil {
 		return fmt.Errorf("txproducer: create client: %w", err)
@@ -163,7 +163,7 @@ func (p *Producer) probe(ctx context.Context, tp rocketmq.TransactionProducer, t
 	// The client learned the topic's brokers when err is nil, whatever the
 	// status: a stored probe is always ended with ROLLBACK (probeRollback).
 	if _, err := tp.SendMessageInTransaction(ctx, m); err != nil {
-		return fmt.Errorf("%w: warm-up probe on %s: %w", ErrSend, topic, err)
+		return fmt.Errorf("%w: warm-up probe on %s: %w", ErrStart, topic, err)
 	}
 	return nil
 }
@@ -241,21 +241,24 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	switch p.state {
 	case stateNew:
 		p.mu.Unlock()
-		return Result{State: StateRolledBack}, ErrNotStarted
+		return Result{State: StateNotSent}, ErrNotStarted
 	case stateClosed:
 		p.mu.Unlock()
-		return Result{State: StateRolledBack}, ErrClosed
+		return Result{State: StateNotSent}, ErrClosed
 	}
 	p.inflight.Add(1)
 	tp := p.tp
 	p.mu.Unlock()
 	defer p.inflight.Done()
 
+	// Before anything is sent: a check that fences this Send's half
+	// raises the row of a rolled-back id past this instant (see retake).
+	startedAt := time.Now()
 	id := msg.EventID
 	if id == "" {
 		id = wire.NewEventID()
 	}
-	res := Result{EventID: id, State: StateRolledBack}
+	res := Result{EventID: id, State: StateNotSent} // until the half is sent
 	if fn == nil {
 		return res, wrapf(ErrInvalidMessage, "nil LocalTxFunc")
 	}
@@ -276,7 +279,9 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	}
 	keys := append(append([]string{}, msg.Keys...), id)
 	rm.WithKeys(keys)
+	rmqroute.SetKey(rm, env) // one aggregate, one queue
 
+	res.State = StateRolledBack // the Send has begun: a failure from here on rolled back
 	c := &call{ctx: ctx, fn: fn, props: props, state: StateRolledBack, row: txlog.Row{
 		EventID: id, ProducerGroup: p.cfg.Group, Topic: msg.Topic, Tags: msg.Tags, Keys: strings.Join(keys, " "),
 		EventType: msg.EventType, State: txlog.StateCommitted, PayloadHash: props[wire.PropPayloadHash],
@@ -302,7 +307,7 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	// stops it (discard).
 	c.txCtx, c.stopTx = context.WithCancelCause(ctx)
 	defer c.stopTx(errSendEnded)
-	c.early = p.begin(c.txCtx, c.row)
+	c.early = p.begin(c.txCtx, c.row, startedAt)
 	defer c.early.discard(c.stopTx)
 	p.calls.Store(rm, c)
 	defer p.calls.Delete(rm)
@@ -406,11 +411,11 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	defer cancel()
 	if err := callFn(ctx, c.fn, tx); err != nil {
 		_ = tx.Rollback()
-		c.err = fmt.Errorf("%w: %w", ErrLocalTx, err)
+		c.err = fmt.Errorf("%w: %w", ErrLocalTx, txEnded(ctx, c, err))
 		return p.rollback(c, l)
 	}
 	if err := tx.Commit(); err != nil {
-		return p.commitFailed(c, l, err)
+		return p.commitFailed(c, l, txEnded(ctx, c, err))
 	}
 	failpoint.Inject(failpoint.AfterLocalCommit)
 	c.state = StateCommitted
@@ -433,7 +438,8 @@ type early struct {
 
 // begin starts the early transaction for row. ctx bounds the transaction:
 // it has no deadline of its own while the half is in flight (see send).
-func (p *Producer) begin(ctx context.Context, row txlog.Row) *early {
+// startedAt is when the Send began, before its half was sent (see retake).
+func (p *Producer) begin(ctx context.Context, row txlog.Row, startedAt time.Time) *early {
 	e := &early{done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
@@ -450,8 +456,19 @@ func (p *Producer) begin(ctx context.Context, row txlog.Row) *early {
 			return
 		}
 		row.CreatedAt, row.ResolvedAt = time.Time{}, time.Time{}
-		if err := p.log.Insert(ctx, tx, row); err != nil {
+		err = p.log.Insert(ctx, tx, row)
+		if errors.Is(err, txlog.ErrDuplicate) {
+			// The id has a row. If it records a rollback for another half,
+			// this Send may commit the id after all (a retry of a failed
+			// Send with the same id): retake it in a transaction of its own,
+			// PostgreSQL's having been aborted by the duplicate key.
 			_ = tx.Rollback()
+			tx, err = p.retake(ctx, row, startedAt)
+		}
+		if err != nil {
+			if tx != nil {
+				_ = tx.Rollback()
+			}
 			e.err = err
 			if !errors.Is(err, txlog.ErrDuplicate) {
 				e.err = fmt.Errorf("%w: %w", ErrDatabase, err)
@@ -461,6 +478,29 @@ func (p *Producer) begin(ctx context.Context, row txlog.Row) *early {
 		e.tx = tx
 	}()
 	return e
+}
+
+// retake begins the transaction that takes over an event id whose txlog
+// row records a rollback for another half (txlog.Store.Retake): the row
+// then names this Send's half, and every other half of the id is answered
+// ROLLBACK. It returns the transaction holding the row, or an error
+// wrapping txlog.ErrDuplicate when the row is committed or final for this
+// half (the caller decides from the row, see existing).
+func (p *Producer) retake(ctx context.Context, row txlog.Row, startedAt time.Time) (*sqlx.Tx, error) {
+	tx, err := p.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	took, err := p.log.Retake(ctx, tx, row, startedAt)
+	switch {
+	case err != nil:
+		_ = tx.Rollback()
+		return nil, err
+	case !took:
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("%w: %s", txlog.ErrDuplicate, row.EventID)
+	}
+	return tx, nil
 }
 
 // take waits for the early transaction and hands it over: the caller
@@ -662,7 +702,12 @@ func (l *listener) ExecuteLocalTransaction(m *primitive.Message) (st primitive.L
 		// Not a Send of ours (probes never get here, see probeRollback).
 		return primitive.RollbackMessageState
 	}
-	return l.p.runLocalTraced(v.(*call), m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
+	c := v.(*call)
+	st = l.p.runLocalTraced(c, m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
+	if lose := l.p.cfg.Test.LoseEnd; lose != nil && lose(c.row.EventID) {
+		return primitive.UnkonwnState
+	}
+	return st
 }
 
 func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.LocalTransactionState) {

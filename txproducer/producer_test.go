@@ -91,7 +91,7 @@ func TestInvalidMessagesRejectedBeforeSending(t *testing.T) {
 		res, err := p.Send(context.Background(), m, fn)
 		require.ErrorIs(t, err, txproducer.ErrInvalidMessage, name)
 		require.False(t, txproducer.IsRetryable(err), name)
-		require.Equal(t, txproducer.StateRolledBack, res.State, name)
+		require.Equal(t, txproducer.StateNotSent, res.State, name)
 	}
 	big := b.msg("")
 	big.Payload = make([]byte, 1025)
@@ -348,7 +348,7 @@ func TestLongLocalTransaction(t *testing.T) {
 			ran := false
 			res, err := p.Send(context.Background(), b.msg(id), func(context.Context, *sqlx.Tx) error { ran = true; return nil })
 			require.ErrorIs(t, err, txproducer.ErrFenced)
-			require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(err), "a fenced id is spent")
+			require.Equal(t, txproducer.RetryWithSameID, txproducer.RetryAdvice(err), "a new Send may take the id over")
 			require.Equal(t, txproducer.StateRolledBack, res.State)
 			require.False(t, ran, "the function must not run once fenced")
 			require.Equal(t, txlog.ByFence, b.row(t, id).ResolvedBy)
@@ -356,9 +356,13 @@ func TestLongLocalTransaction(t *testing.T) {
 			noUnknownPastFenceAge(t, as)
 			b.sendMarker(t, p)
 			require.Zero(t, b.coll.Snapshot().Counts[id])
-			// Retrying the spent id is refused, not silently published.
-			_, err = p.Send(context.Background(), b.msg(id), insertOrder(id))
-			require.ErrorIs(t, err, txproducer.ErrFenced)
+			// A retry of the fenced id is a new half: it takes the id over
+			// and commits it, once; the fenced half stays rolled back.
+			res, err = p.Send(context.Background(), b.msg(id), insertOrder(id))
+			require.NoError(t, err)
+			require.Equal(t, txproducer.StateCommitted, res.State)
+			require.False(t, res.Duplicate)
+			b.exactlyOneCopy(t, p, id)
 		})
 	})
 }
@@ -481,9 +485,13 @@ func testDatabaseDown(t *testing.T, b *bundle) {
 	var orders int
 	require.NoError(t, b.db.Get(&orders, b.db.Rebind("SELECT COUNT(*) FROM orders WHERE id IN ('x1', ?)"), dropped))
 	require.Zero(t, orders)
-	// A retry with the same id learns the final outcome.
-	_, err = p.Send(ctx, b.msg(dropped), insertOrder(dropped))
-	require.ErrorIs(t, err, txproducer.ErrFenced)
+	// A retry with the same id commits it, once: the failed attempt did not
+	// spend the id, and its half stays rolled back.
+	res, err = p.Send(ctx, b.msg(dropped), insertOrder(dropped))
+	require.NoError(t, err)
+	require.Equal(t, txproducer.StateCommitted, res.State)
+	require.False(t, res.Duplicate)
+	b.exactlyOneCopy(t, p, dropped)
 }
 
 func checkLoops() int {

@@ -87,8 +87,8 @@ func startTwoBrokers(t *testing.T, a, b checkSettings) *twoBrokers {
 		}
 	}
 	start := time.Now()
-	with(append(a.env(), "RMQTX_BROKERS=1"), "up") // the databases, the name server and broker-a
-	with(b.env(), "up", "broker-b")                // broker-b joins the name server's cluster
+	with(append(a.env(), "RMQTX_BROKERS=1"), "up", "namesrv", "broker") // the name server and broker-a
+	with(b.env(), "up", "broker-b")                                     // broker-b joins the name server's cluster
 	t.Logf("private name server and two brokers up in %s", time.Since(start).Round(100*time.Millisecond))
 	out, err := pb.run("env")
 	require.NoError(t, err, out)

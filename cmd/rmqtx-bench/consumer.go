@@ -262,11 +262,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	startBatch := func(group string) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
-				ProcessorConfig: consumer.ProcessorConfig{
-					Group: group, DB: e.DB, TablePrefix: prefix,
-					Routes:      map[string]consumer.Route{benchEventType: {Handler: batchHandler}},
-					VersionMode: consumer.VersionNone,
-				},
+				Group: group, DB: e.DB, TablePrefix: prefix,
+				Routes:           map[string]consumer.Route{benchEventType: {Handler: batchHandler}},
+				VersionMode:      consumer.VersionNone,
 				NameServers:      []string{e.S.NameServer},
 				Topic:            topic,
 				Goroutines:       o.Concurrency,
@@ -300,11 +298,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	startRmqtx := func(group, t string, duplicates bool, keep func(*consumer.Consumer)) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
-				ProcessorConfig: consumer.ProcessorConfig{
-					Group: group, DB: e.DB, TablePrefix: prefix,
-					Routes:      map[string]consumer.Route{benchEventType: {Handler: handler}},
-					VersionMode: consumer.VersionNone,
-				},
+				Group: group, DB: e.DB, TablePrefix: prefix,
+				Routes:      map[string]consumer.Route{benchEventType: {Handler: handler}},
+				VersionMode: consumer.VersionNone,
 				NameServers: []string{e.S.NameServer},
 				Topic:       t,
 				Goroutines:  o.Concurrency,

@@ -18,7 +18,6 @@ import (
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/replay"
-	"github.com/rmqtx/rmqtx/schema"
 )
 
 var errHelp = flag.ErrHelp
@@ -155,26 +154,6 @@ func cmdConfig(ctx context.Context, args []string, env func(string) string, stdo
 		w.row("table prefix", o.prefix)
 		w.row("payloads", o.payloadMode())
 		return w.flush()
-	})
-}
-
-func cmdMigrate(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) (int, error) {
-	var o options
-	fs := newFlags("migrate", stderr, &o, env)
-	if _, err := o.parse(fs, args); err != nil {
-		return 0, err
-	}
-	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
-		if err := schema.MigrateAll(ctx, db, o.prefix); err != nil {
-			return 0, err
-		}
-		done := schema.PartNames()
-		return exitOK, o.output(stdout, map[string]any{"migrated": done}, func() error {
-			for _, d := range done {
-				fmt.Fprintf(stdout, "migrated %s\n", d)
-			}
-			return nil
-		})
 	})
 }
 

@@ -51,7 +51,7 @@ func testRunbookFlow(t *testing.T, db *sqlx.DB) {
 	var fixed atomic.Bool
 	// KeepPayload: the dead letter keeps the payload so that it can be
 	// replayed (dead letters store none by default).
-	c, err := consumer.New(consumer.Config{ProcessorConfig: consumer.ProcessorConfig{Group: group, DB: db, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
+	c, err := consumer.New(consumer.Config{Group: group, DB: db, Redact: consumer.KeepPayload, Routes: map[string]consumer.Route{
 		"OrderPaid": {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
 			if !fixed.Load() {
 				return consumer.Permanent(errors.New("points service rejects order"))
@@ -60,7 +60,7 @@ func testRunbookFlow(t *testing.T, db *sqlx.DB) {
 			_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO points (event_id, points) VALUES (?, 10)"), ev.ID)
 			return err
 		}},
-	}}, NameServers: []string{s.NameServer}, Topic: topic})
+	}, NameServers: []string{s.NameServer}, Topic: topic})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
 	t.Cleanup(func() { _ = c.Close() })

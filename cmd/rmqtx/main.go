@@ -1,7 +1,8 @@
 // Command rmqtx is the runbook CLI for rmqtx: see where an event is, what is
 // stuck, list and replay dead letters, archive old rows, migrate the schema.
 //
-//	rmqtx migrate
+//	rmqtx migrate [--components txlog,outbox,consumer,replay]
+//	rmqtx migrate --print --dialect mysql|postgres [--format golang-migrate|goose|atlas] [--out DIR]
 //	rmqtx inspect <event-id> | rmqtx inspect --business-key K
 //	rmqtx stuck [--older-than 1m]
 //	rmqtx dead list [selectors] | rmqtx dead show <id>
@@ -65,7 +66,8 @@ func main() {
 const usageText = `usage: rmqtx <command> [flags]
 
 commands:
-  migrate                       create or upgrade every rmqtx table
+  migrate [--components L]      create or upgrade the rmqtx tables (all, or txlog,outbox,consumer,replay)
+  migrate --print --dialect D   write them as SQL files for golang-migrate, goose or atlas (--format, --out DIR)
   inspect <event-id>            one event across txlog, outbox, consume log, dead letters, replays and the broker
   inspect --business-key K      the same for every event of a business key
   stuck [--older-than D]        outbox rows not sent, consumes being retried, parked dead letters, by age

@@ -181,13 +181,18 @@ type app struct {
 }
 
 // Migrate creates every table the example uses: rmqtx's tables with
-// schema.MigrateAll (once for the service's prefix, once per outbox
-// prefix, since each outbox has its own; the other rmqtx tables under an
-// outbox prefix stay empty), then the business schema of the database's
-// engine (schema_mysql.sql or schema_postgres.sql). It is idempotent.
+// schema.Migrate (the transaction log, the consumer's tables and the
+// replay audit under the service's prefix; only an outbox under each
+// outbox prefix, since each outbox has its own), then the business schema
+// of the database's engine (schema_mysql.sql or schema_postgres.sql). It
+// is idempotent.
 func Migrate(ctx context.Context, db *sqlx.DB) error {
-	for _, p := range []string{rmqtxPrefix, payOutboxPrefix, orderOutboxPrefix, smsOutboxPrefix} {
-		if err := schema.MigrateAll(ctx, db, p); err != nil {
+	plans := []schema.Options{{Prefix: rmqtxPrefix, Components: []schema.Component{schema.TxLog, schema.Consumer, schema.Replay}}}
+	for _, p := range []string{payOutboxPrefix, orderOutboxPrefix, smsOutboxPrefix} {
+		plans = append(plans, schema.Options{Prefix: p, Components: []schema.Component{schema.Outbox}})
+	}
+	for _, o := range plans {
+		if err := schema.Migrate(ctx, db, o); err != nil {
 			return err
 		}
 	}
@@ -327,7 +332,7 @@ func (a *app) start(ctx context.Context) error {
 	// Outbox dispatchers: OrderPaid and order-service events go to the
 	// order topic through one RocketMQ sink; SMS commands go to the gateway.
 	var err error
-	a.sink, err = outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: cfg.NameServers, Group: n.OutboxGroup, Logger: libLog})
+	a.sink, err = outbox.NewRocketMQSink(outbox.RocketMQConfig{NameServers: cfg.NameServers, Group: n.OutboxGroup, Observe: observe.Observe{Logger: libLog}})
 	if err != nil {
 		return err
 	}
@@ -400,10 +405,8 @@ func (a *app) start(ctx context.Context) error {
 	h := &Handlers{Inject: a.inject, SMSOutbox: smsT, NotifySMS: a.smsDisp.Notify}
 	newConsumer := func(group, topic string, routes map[string]consumer.Route) (*consumer.Consumer, error) {
 		c, err := consumer.New(consumer.Config{
-			ProcessorConfig: consumer.ProcessorConfig{
-				Group: group, DB: cfg.DB, TablePrefix: rmqtxPrefix, Routes: routes,
-				VersionMode: consumer.VersionMonotonic, Observe: observe.Observe{Logger: libLog},
-			},
+			Group: group, DB: cfg.DB, TablePrefix: rmqtxPrefix, Routes: routes,
+			VersionMode: consumer.VersionMonotonic, Observe: observe.Observe{Logger: libLog},
 			NameServers: cfg.NameServers, Topic: topic, Goroutines: 8,
 		})
 		if err != nil {

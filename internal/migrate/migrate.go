@@ -5,8 +5,11 @@
 // validated names. Applied versions are recorded per part in one version
 // table, each file with its version in one transaction, and concurrent runs
 // are serialized with the dialect's named lock (held by the session across
-// those transactions), so several processes may migrate at start-up. schema.MigrateAll is the
-// only caller outside the owners' own tests.
+// those transactions), so several processes may migrate at start-up. Script
+// renders one step as a self-contained SQL file for a team's own migration
+// tool: the step's statements and the version-table row Run would write,
+// so Run later adopts a database that tool migrated. The schema package is
+// the only caller outside the owners' own tests.
 package migrate
 
 import (
@@ -138,16 +141,21 @@ func Run(ctx context.Context, db *sqlx.DB, versionTable string, parts ...Part) e
 	return nil
 }
 
+// replacer fills the part's placeholders.
+func (p Part) replacer() *strings.Replacer {
+	pairs := make([]string, 0, 2*len(p.Replace))
+	for k, v := range p.Replace {
+		pairs = append(pairs, k, v)
+	}
+	return strings.NewReplacer(pairs...)
+}
+
 func runPart(ctx context.Context, conn *sqlx.Conn, d dialect.Dialect, versionTable, record string, p Part) error {
 	ms, err := Load(p.FS, ".")
 	if err != nil {
 		return err
 	}
-	pairs := make([]string, 0, 2*len(p.Replace))
-	for k, v := range p.Replace {
-		pairs = append(pairs, k, v)
-	}
-	r := strings.NewReplacer(pairs...)
+	r := p.replacer()
 	var applied []int
 	if err := conn.SelectContext(ctx, &applied, d.Rebind("SELECT version FROM "+versionTable+" WHERE part = ?"), p.Name); err != nil {
 		return fmt.Errorf("read %s: %w", versionTable, err)
@@ -237,4 +245,45 @@ func createVersionTable(d dialect.Dialect, table string) string {
   applied_at ` + d.TimestampType() + ` NOT NULL,
   PRIMARY KEY (part, version)
 )` + d.TableOptions()
+}
+
+// Script renders migration m of part p as one SQL script that a plain client
+// or another migration tool can run as it is: the step's statements with the
+// placeholders filled, then the version table (created if missing) and the
+// row Run records for the step, written only if missing. A database
+// migrated by such scripts is adopted by Run: it finds the rows and runs no
+// step again. Statements end with ";" at the end of a line.
+func Script(d dialect.Dialect, versionTable string, p Part, m Migration) (string, error) {
+	part, err := literal(p.Name)
+	if err != nil {
+		return "", err
+	}
+	name, err := literal(m.Name)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, stmt := range Statements(m.SQL, p.replacer()) {
+		b.WriteString(stmt)
+		b.WriteString(";\n\n")
+	}
+	b.WriteString("-- rmqtx records the step, as its own runner does, so that it never runs it again.\n")
+	b.WriteString(createVersionTable(d, versionTable))
+	b.WriteString(";\n")
+	b.WriteString(d.InsertIgnore(versionTable, "part, version, name, applied_at",
+		part+", "+strconv.Itoa(m.Version)+", "+name+", "+d.Now(), "part, version"))
+	b.WriteString(";\n")
+	return b.String(), nil
+}
+
+// literal quotes s as an SQL string literal. Only the characters of part
+// and file names are accepted, so no quoting rule of either database can
+// matter.
+func literal(s string) (string, error) {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == ' ' || r == '-') {
+			return "", fmt.Errorf("migrate: %q: not a part or file name", s)
+		}
+	}
+	return "'" + s + "'", nil
 }

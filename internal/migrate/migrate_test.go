@@ -6,6 +6,8 @@ import (
 	"testing/fstest"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rmqtx/rmqtx/internal/dialect"
 )
 
 func TestLoadOrdersAndValidates(t *testing.T) {
@@ -40,4 +42,19 @@ SELECT 1`
 	require.False(t, strings.HasSuffix(got[0], ";"))
 	require.Equal(t, "CREATE INDEX i ON p_t (id)", got[1])
 	require.Equal(t, "SELECT 1", got[2])
+}
+
+func TestScriptRecordsTheStep(t *testing.T) {
+	p := Part{Name: "txlog", Replace: map[string]string{"{{table}}": "p_t"}}
+	m := Migration{Version: 3, Name: "003_add.sql", SQL: "-- c\nCREATE TABLE {{table}} (\n  id INT\n);\nCREATE INDEX i ON {{table}} (id);\n"}
+	for _, d := range dialect.All() {
+		s, err := Script(d, "p_schema_migrations", p, m)
+		require.NoError(t, err)
+		require.True(t, strings.HasPrefix(s, "CREATE TABLE p_t (\n  id INT\n);\n\nCREATE INDEX i ON p_t (id);\n"), s)
+		require.Contains(t, s, "CREATE TABLE IF NOT EXISTS p_schema_migrations")
+		require.Contains(t, s, "p_schema_migrations (part, version, name, applied_at) VALUES ('txlog', 3, '003_add.sql', "+d.Now()+")")
+		require.Len(t, Statements(s, nil), 4, "every statement ends with ';' at the end of a line")
+	}
+	_, err := Script(dialect.MySQL, "v", Part{Name: "x'); DROP TABLE t; --"}, m)
+	require.Error(t, err, "names are literals of a fixed alphabet")
 }

@@ -141,10 +141,8 @@ func startConsumer(t *testing.T, db *sqlx.DB, topic string, tp trace.TracerProvi
 	t.Helper()
 	s := testenv.Integration(t)
 	c, err := consumer.New(consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{
-			Group: testenv.Name(t, "cg"), DB: db, Observe: observe.Observe{TracerProvider: tp},
-			Routes: map[string]consumer.Route{"OrderPlaced": {Handler: h.handler}},
-		},
+		Group: testenv.Name(t, "cg"), DB: db, Observe: observe.Observe{TracerProvider: tp},
+		Routes:      map[string]consumer.Route{"OrderPlaced": {Handler: h.handler}},
 		NameServers: []string{s.NameServer},
 		Topic:       topic,
 	})

@@ -46,9 +46,14 @@ type target struct{ l logrus.FieldLogger }
 
 var current atomic.Pointer[target]
 
+// elsewhereNoticed is set once Install has said, on some component's
+// logger, that the client's lines go to another logger.
+var elsewhereNoticed atomic.Bool
+
 // log scrubs and forwards one line, unless the target would drop it: the
 // client logs at debug on every pull, and scrubbing costs reflection.
 func (adapter) log(level logrus.Level, msg string, f map[string]interface{}) {
+	level = levelOf(level, msg, f)
 	t := current.Load()
 	if t == nil || !enabled(t.l, level) {
 		return
@@ -89,15 +94,16 @@ func setAdapter() { once.Do(func() { rlog.SetLogger(adapter{}) }) }
 
 // Install routes rlog to l (quiet when nil). The client's logger is global,
 // so only the first call in a process takes effect; later producers and
-// consumers reuse it. A later call with a different logger says so on that
-// logger, once per call, at Info: its component's Logger does not receive
-// the client's lines, and observe.RouteClientLog (Route) chooses.
+// consumers reuse it. The first later call with a different logger says so
+// on that logger, at Info, once per process: its component's Logger does
+// not receive the client's lines, and observe.RouteClientLog (Route)
+// chooses. Repeating it for every component started would be noise.
 func Install(l logrus.FieldLogger) {
 	setAdapter()
 	if current.CompareAndSwap(nil, &target{OrQuiet(l)}) || l == nil {
 		return
 	}
-	if t := current.Load(); t != nil && !same(t.l, l) {
+	if t := current.Load(); t != nil && !same(t.l, l) && elsewhereNoticed.CompareAndSwap(false, true) {
 		l.Info("rmqtx: rocketmq-client-go's log lines go to the logger of the first rmqtx component started in this process, " +
 			"not to this one; call observe.RouteClientLog to choose")
 	}

@@ -290,12 +290,16 @@ func TestRouteWhileLogging(t *testing.T) {
 
 // TestInstallSaysWhenALoggerIsNotTheClients: the client's logger is
 // process-wide; a component whose Logger does not get the client's lines
-// is told so on that Logger, and the one that does is not.
+// is told so on that Logger, once per process, and the one that does is not.
 func TestInstallSaysWhenALoggerIsNotTheClients(t *testing.T) {
+	routeMu.Lock()
+	defer routeMu.Unlock()
 	first, firstHook := test.NewNullLogger()
 	first.SetLevel(logrus.DebugLevel)
 	second, secondHook := test.NewNullLogger()
+	third, thirdHook := test.NewNullLogger()
 	rmqlog.Route(first)
+	rmqlog.ResetElsewhereNotice()
 	t.Cleanup(func() { rmqlog.Route(nil) })
 
 	rmqlog.Install(first)
@@ -305,4 +309,47 @@ func TestInstallSaysWhenALoggerIsNotTheClients(t *testing.T) {
 	require.Contains(t, secondHook.LastEntry().Message, "RouteClientLog")
 	rmqlog.Install(nil)
 	require.Len(t, secondHook.AllEntries(), 1, "a quiet component is not told")
+	rmqlog.Install(third)
+	rmqlog.Install(second)
+	require.Empty(t, thirdHook.AllEntries(), "the notice appears once per process")
+	require.Len(t, secondHook.AllEntries(), 1, "the notice appears once per process")
+}
+
+// TestClientLinesAtTheirLevel feeds the adapter each of the client's known
+// lines for an ordinary outcome, and lines for real faults: a rolled-back
+// local transaction (every failed or duplicate Send) is not an error, an
+// unknown one is a warning, and everything else keeps the client's level.
+func TestClientLinesAtTheirLevel(t *testing.T) {
+	_, hook := capture(t)
+	cases := []struct {
+		name string
+		log  func()
+		want logrus.Level
+	}{
+		{"rolled-back local transaction", func() {
+			rlog.Error("executeLocalTransaction but state unexpected", map[string]interface{}{
+				"localState": primitive.RollbackMessageState, "message": message("orders")})
+		}, logrus.DebugLevel},
+		{"unknown local transaction", func() {
+			rlog.Error("executeLocalTransaction but state unexpected", map[string]interface{}{
+				"localState": primitive.UnkonwnState, "message": message("orders")})
+		}, logrus.WarnLevel},
+		{"end transaction lost", func() {
+			rlog.Error("send ReqENDTransaction to broker error", map[string]interface{}{"callback": "x"})
+		}, logrus.ErrorLevel},
+		{"name server unreachable", func() {
+			rlog.Error("connect to namesrv failed.", map[string]interface{}{"namesrv": "127.0.0.1:1"})
+		}, logrus.ErrorLevel},
+		{"pull failed", func() {
+			rlog.Warning("pull message from broker error", nil)
+		}, logrus.WarnLevel},
+	}
+	for _, c := range cases {
+		hook.Reset()
+		c.log()
+		entries := hook.AllEntries()
+		require.Len(t, entries, 1, c.name)
+		require.Equal(t, c.want, entries[0].Level, c.name)
+		requireNoCard(t, entries)
+	}
 }

@@ -14,7 +14,8 @@ const MaxPrefixLen = 24
 var prefixRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]*$`)
 
 // ValidatePrefix accepts an empty prefix or letters, digits and underscores
-// starting with a letter, at most MaxPrefixLen long.
+// starting with a letter, at most MaxPrefixLen long. An empty prefix is
+// never used as it is: callers resolve it to DefaultPrefix first (Prefix).
 func ValidatePrefix(prefix string) error {
 	if prefix == "" {
 		return nil

@@ -492,12 +492,10 @@ func Handler(name string) consumer.Handler {
 // ConsumerConfig is the config of a consumer instance name of group.
 func ConsumerConfig(db *sqlx.DB, nameServer, topic, group, name string) consumer.Config {
 	return consumer.Config{
-		ProcessorConfig: consumer.ProcessorConfig{
-			Group: group, DB: db,
-			Routes:     map[string]consumer.Route{EventType: {Handler: Handler(name)}},
-			MaxRetries: 200, // outages are long; the bound is not what is tested here
-			DelayLevel: func(consumer.Class, int) int { return 1 },
-		},
+		Group: group, DB: db,
+		Routes:      map[string]consumer.Route{EventType: {Handler: Handler(name)}},
+		MaxRetries:  200, // outages are long; the bound is not what is tested here
+		DelayLevel:  func(consumer.Class, int) int { return 1 },
 		NameServers: []string{nameServer},
 		Topic:       topic,
 	}

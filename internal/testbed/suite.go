@@ -97,6 +97,17 @@ type Services struct {
 // RunDir is the private services' run folder.
 func (s *Services) RunDir() string { return s.runDir }
 
+// PostgresDir is the private PostgreSQL's folder (data, log): the run
+// folder's postgres/, or, when services.sh ran as root and the postgres user
+// could not enter the run folder (a 0700 parent), the folder it recorded in
+// postgres.dir.
+func (s *Services) PostgresDir() string {
+	if b, err := os.ReadFile(filepath.Join(s.runDir, "postgres.dir")); err == nil && strings.TrimSpace(string(b)) != "" {
+		return strings.TrimSpace(string(b))
+	}
+	return filepath.Join(s.runDir, "postgres")
+}
+
 // Run executes one services.sh command and returns its combined output.
 func (s *Services) Run(args ...string) (string, error) {
 	cmd := exec.Command("bash", append([]string{s.script}, args...)...)
@@ -134,7 +145,8 @@ func (s *Services) exports() (map[string]string, error) {
 func (s *Services) reaper(removeDir bool) error {
 	script := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down >/dev/null 2>&1`
 	if removeDir {
-		script += `; rm -rf "$RMQTX_RUN_DIR"`
+		// PostgreSQL's folder too when it lies outside (see PostgresDir).
+		script += `; d=$(cat "$RMQTX_RUN_DIR/postgres.dir" 2>/dev/null); [ -n "$d" ] && rm -rf "$d"; rm -rf "$RMQTX_RUN_DIR"`
 	}
 	cmd := exec.Command("setsid", "bash", "-c", script)
 	cmd.Env = append(s.env, "WATCH="+strconv.Itoa(os.Getpid()), "SCRIPT="+s.script)
@@ -194,7 +206,11 @@ func (s *Suite) newServices() (*Services, error) {
 		}
 	}
 	ports := map[string]int{"MYSQL": s.cfg.MySQLPort, "PG": s.cfg.PGPort, "NAMESRV": s.cfg.NamesrvPort, "BROKER": s.cfg.BrokerPort}
-	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+strconv.Itoa(s.cfg.Brokers))
+	// The short check settings FenceAge is made for, whatever services.sh's
+	// defaults: a half nobody answers is discarded after about 13 s
+	// (recovery tests wait for that).
+	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+strconv.Itoa(s.cfg.Brokers),
+		"RMQTX_TX_TIMEOUT_MS=3000", "RMQTX_TX_CHECK_INTERVAL_MS=2000", "RMQTX_TX_CHECK_MAX=5")
 	for _, k := range []string{"MYSQL", "PG", "NAMESRV", "BROKER"} {
 		p, err := envOr(s.cfg.EnvPrefix+"_"+k+"_PORT", ports[k])
 		if err != nil {
@@ -282,6 +298,9 @@ func (s *Suite) Main(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "%s: stopping the private services: %v\n%s\n", name, err, out)
 		}
 		if removeDir {
+			if pg := svc.PostgresDir(); !strings.HasPrefix(pg, svc.runDir+string(filepath.Separator)) {
+				_ = os.RemoveAll(pg) // moved out of the run folder (see PostgresDir)
+			}
 			_ = os.RemoveAll(svc.runDir)
 		}
 	}
@@ -345,7 +364,7 @@ func (s *Suite) StopPostgresImmediate(t testing.TB) int64 {
 	if fi, err := os.Stat(s.postgresLog(t)); err == nil {
 		logAt = fi.Size()
 	}
-	raw, err := os.ReadFile(filepath.Join(s.Private(t).RunDir(), "postgres", "data", "postmaster.pid"))
+	raw, err := os.ReadFile(filepath.Join(s.Private(t).PostgresDir(), "data", "postmaster.pid"))
 	require.NoError(t, err, "the private PostgreSQL's postmaster.pid")
 	first, _, _ := strings.Cut(string(raw), "\n")
 	pid, err := strconv.Atoi(strings.TrimSpace(first))
@@ -366,7 +385,7 @@ func (s *Suite) StopPostgresImmediate(t testing.TB) int64 {
 }
 
 func (s *Suite) postgresLog(t testing.TB) string {
-	return filepath.Join(s.Private(t).RunDir(), "postgres", "postgres.log")
+	return filepath.Join(s.Private(t).PostgresDir(), "postgres.log")
 }
 
 // PostgresLogSince returns the private PostgreSQL's server log from byte

@@ -5,5 +5,8 @@
 // (a skipped test, a missing suite, a build without the failpoints tag). It
 // drives the path `make test` takes (test.sh --suite: inner) with a fake go
 // and stub services, and plants faults into copies of the script to show
-// that each is caught. It has no code of its own; see its tests.
+// that each is caught. It also runs scripts/services.sh from a 0700 folder
+// (as root, PostgreSQL's user cannot enter it) and scripts/demo.sh with stub
+// services, so that the README's two commands work from any folder and the
+// demo starts only its own database. It has no code of its own; see its tests.
 package testscript

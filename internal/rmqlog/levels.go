@@ -1,0 +1,55 @@
+package rmqlog
+
+import (
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/sirupsen/logrus"
+)
+
+// leveller decides the level of one of the client's known lines from its
+// fields; it returns the level the client chose when the line is not an
+// ordinary outcome.
+type leveller func(client logrus.Level, fields map[string]interface{}) logrus.Level
+
+// known holds the client's lines that report an ordinary outcome at a
+// level meant for faults. Log-based alerts fire on ERROR, and the client
+// logs every rolled-back local transaction at ERROR, so an ordinary "out of
+// stock" (or a duplicate Send, answered ROLLBACK by design) would page
+// someone. rmqtx reports those outcomes itself, through Send's result and
+// its own metrics, so the client's line is only a trace of them: Debug.
+// Everything not listed here keeps the client's level.
+var known = map[string]leveller{
+	// producer.SendMessageInTransaction, after the local transaction: the
+	// listener answered anything but COMMIT. ROLLBACK is an ordinary
+	// outcome (the caller's function failed, or a duplicate id); UNKNOWN
+	// means rmqtx could not learn its own commit's outcome, which rmqtx
+	// reports as an error of its own, so the client's copy is a warning.
+	"executeLocalTransaction but state unexpected": func(client logrus.Level, f map[string]interface{}) logrus.Level {
+		switch localState(f["localState"]) {
+		case primitive.RollbackMessageState:
+			return logrus.DebugLevel
+		case primitive.UnkonwnState:
+			return logrus.WarnLevel
+		}
+		return client
+	},
+}
+
+// localState reads the client's localState field, whatever integer type
+// carries it.
+func localState(v interface{}) primitive.LocalTransactionState {
+	switch s := v.(type) {
+	case primitive.LocalTransactionState:
+		return s
+	case int:
+		return primitive.LocalTransactionState(s)
+	}
+	return 0
+}
+
+// levelOf returns the level a client line is forwarded at.
+func levelOf(client logrus.Level, msg string, f map[string]interface{}) logrus.Level {
+	if l, ok := known[msg]; ok {
+		return l(client, f)
+	}
+	return client
+}

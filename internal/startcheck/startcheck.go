@@ -1,0 +1,154 @@
+// Package startcheck is what txproducer, consumer and outbox check in Start
+// before they report success: the database answers a ping, and a RocketMQ
+// name server answers a real request. Without it a wrong address or a
+// stopped server surfaced only at the first Send, as a "route info not
+// found" or a driver error that hid the cause. Each failure names the
+// address (host:port only: never a DSN, so never a password) and the cause,
+// and wraps errclass.ErrDatabaseUnreachable or
+// errclass.ErrNameServerUnreachable.
+package startcheck
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/remoting"
+)
+
+// Timeout bounds each check (ctx may end it sooner): long enough for a
+// server across a slow network, short enough that a wrong address fails
+// Start in seconds.
+const Timeout = 5 * time.Second
+
+// Database pings db. The error wraps errclass.ErrDatabaseUnreachable and
+// the driver's error, and names the server's address when the driver's
+// configuration tells it.
+func Database(ctx context.Context, db *sql.DB) error {
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	err := db.PingContext(ctx)
+	if err == nil {
+		return nil
+	}
+	where := "database"
+	if a := Addr(db); a != "" {
+		where = "database at " + a
+	}
+	return fmt.Errorf("%w: %s: %s: %w", errclass.ErrDatabaseUnreachable, where, cause(ctx, err), err)
+}
+
+// NameServers asks each name server in turn for the cluster's brokers
+// (GET_BROKER_CLUSTER_INFO), and returns nil at the first that answers as a
+// name server. A broker or another service on that port answers otherwise
+// (a broker: "request type 106 not supported"), so a wrong port is told
+// apart from a refused connection. The error wraps
+// errclass.ErrNameServerUnreachable and names every address with its cause.
+func NameServers(ctx context.Context, addrs []string) error {
+	var fails []string
+	var last error
+	for _, a := range addrs {
+		h, _, err := remoting.RoundTrip(ctx, a, Timeout, remoting.ReqGetBrokerClusterInfo, nil)
+		switch {
+		case err != nil:
+			last = err
+			fails = append(fails, fmt.Sprintf("%s: %s (%v)", a, cause(ctx, err), err))
+		case h.Code != remoting.ResSuccess:
+			fails = append(fails, fmt.Sprintf("%s: not a name server (answered code %d: %s)", a, h.Code, oneLine(h.Remark)))
+		default:
+			return nil
+		}
+	}
+	if len(fails) == 0 {
+		return fmt.Errorf("%w: no name server configured", errclass.ErrNameServerUnreachable)
+	}
+	if last != nil && len(fails) == 1 {
+		return fmt.Errorf("%w: %s: %w", errclass.ErrNameServerUnreachable, strings.Join(fails, "; "), last)
+	}
+	return fmt.Errorf("%w: %s", errclass.ErrNameServerUnreachable, strings.Join(fails, "; "))
+}
+
+// cause is a short name for why err happened: "connection refused",
+// "authentication failed", "timeout", "not a RocketMQ server" (a frame
+// that does not parse), or "error".
+func cause(ctx context.Context, err error) string {
+	var nerr net.Error
+	var me *mysql.MySQLError
+	var pe *pgconn.PgError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1698):
+		return "authentication failed"
+	case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "28"):
+		return "authentication failed"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout(), ctx.Err() != nil:
+		return "timeout"
+	case strings.Contains(err.Error(), "bad frame length"), strings.Contains(err.Error(), "serialize type"),
+		strings.Contains(err.Error(), "decode header"):
+		return "not a RocketMQ server"
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return "unknown host"
+	}
+	return "error"
+}
+
+func oneLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return strings.TrimSpace(s)
+}
+
+// Addr returns the host:port (or socket path) db connects to, from the
+// driver's configuration: the go-sql-driver/mysql and pgx stdlib
+// connectors are known. It never returns user names or passwords, and
+// returns "" for a driver it does not know.
+func Addr(db *sql.DB) string {
+	if db == nil {
+		return ""
+	}
+	c := reflect.ValueOf(db).Elem().FieldByName("connector")
+	if !c.IsValid() {
+		return ""
+	}
+	for c.Kind() == reflect.Interface || c.Kind() == reflect.Pointer {
+		if c.IsNil() {
+			return ""
+		}
+		c = c.Elem()
+	}
+	if c.Kind() != reflect.Struct {
+		return ""
+	}
+	// go-sql-driver/mysql: connector{cfg *Config}.
+	if cfg := c.FieldByName("cfg"); cfg.IsValid() && cfg.Kind() == reflect.Pointer && !cfg.IsNil() {
+		if addr := cfg.Elem().FieldByName("Addr"); addr.IsValid() && addr.Kind() == reflect.String {
+			return addr.String()
+		}
+	}
+	// pgx stdlib.OpenDB: connector{pgx.ConnConfig{pgconn.Config{Host, Port}}}.
+	if host := c.FieldByName("Host"); host.IsValid() && host.Kind() == reflect.String {
+		if port := c.FieldByName("Port"); port.IsValid() && port.CanUint() {
+			return net.JoinHostPort(host.String(), strconv.FormatUint(port.Uint(), 10))
+		}
+	}
+	// pgx stdlib via sql.Open("pgx", dsn): driverConnector{name string}.
+	if name := c.FieldByName("name"); name.IsValid() && name.Kind() == reflect.String {
+		if cfg, err := pgconn.ParseConfig(name.String()); err == nil {
+			return net.JoinHostPort(cfg.Host, strconv.FormatUint(uint64(cfg.Port), 10))
+		}
+	}
+	return ""
+}

@@ -201,6 +201,7 @@ type Consumer struct {
 	prod    rocketmq.Producer
 	resend  resender
 	closing bool
+	watch   *topicWatch // waits for a topic missing at Start (topicwait.go)
 
 	// wrapResend lets tests observe re-sends; set before Start.
 	wrapResend func(resender) resender
@@ -231,6 +232,10 @@ func (c *Consumer) Config() Config { return c.cfg }
 // ErrDatabaseUnreachable or ErrNameServerUnreachable), then subscribes and
 // starts consuming. Calling it again while started is a no-op; after
 // Shutdown it returns ErrClosed. The tables must exist (schema.MigrateAll).
+//
+// The topic need not exist yet: Start then succeeds, logs once at Warn
+// that the topic does not exist (again every 5 minutes while it does not),
+// and consumes within seconds of its creation (see topicwait.go).
 func (c *Consumer) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -271,8 +276,19 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return fmt.Errorf("consumer: new push consumer: %w", err)
 	}
 	c.seq = seq // onMessages reads it; set before the first delivery
-	if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, gate.Wrap(c.onMessages)); err != nil {
-		return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
+	// The client's Start fails on a subscribed topic the name server does
+	// not know: a missing topic is subscribed once the client started.
+	missing := c.topicMissing(ctx)
+	subscribe := func() error {
+		if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, gate.Wrap(c.onMessages)); err != nil {
+			return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
+		}
+		return nil
+	}
+	if !missing {
+		if err := subscribe(); err != nil {
+			return err
+		}
 	}
 	c.ensureRetryTopic(ctx)
 	if err := c.proc.loadFailed(ctx); err != nil {
@@ -309,6 +325,17 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("consumer: start push consumer: %w", err)
 	}
+	if missing {
+		if err := subscribe(); err != nil {
+			_ = pc.Shutdown()
+			if c.prod != nil {
+				_ = c.prod.Shutdown()
+				c.prod, c.resend = nil, nil
+			}
+			return err
+		}
+		c.watch = c.watchTopic(pc)
+	}
 	c.pc, c.gate, c.seq = pc, gate, seq
 	c.state = stateStarted
 	return nil
@@ -332,8 +359,9 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	}
 	c.state = stateClosed
 	c.closing = true
-	pc, gate, prod := c.pc, c.gate, c.prod
+	pc, gate, prod, watch := c.pc, c.gate, c.prod, c.watch
 	c.mu.Unlock()
+	watch.stop()     // before the client stops: the watcher may call it
 	c.seq.shutdown() // waiters hand their events back instead of waiting
 
 	werr := gate.Stop(ctx, pc)

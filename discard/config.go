@@ -87,7 +87,9 @@ type Config struct {
 	// the group (decided or failed). Default none.
 	OnDecision func(Result)
 	// Publisher overrides the republish producer (tests, tools). Default: a
-	// producer created and owned by the Recovery.
+	// producer created and owned by the Recovery, whose queue selector
+	// routes by the message's sharding key (WIRE.md, "Queue routing"); an
+	// override that should keep an aggregate's order needs the same.
 	Publisher Publisher
 }
 

@@ -10,9 +10,11 @@
 //
 //   - COMMITTED, and this is the half that committed: published again as a
 //     normal message with the same event id, built from the row (topic,
-//     tags, keys, stored properties, payload). Nothing routing-related is
-//     taken from the message: once it has been through a consumer retry the
-//     broker rewrites its REAL_TOPIC to the recovery group's retry topic. A
+//     tags, keys, stored properties, payload), on the queue of its
+//     aggregate (the row's routing key, as txproducer.Send chose it: WIRE.md,
+//     "Queue routing"). Nothing routing-related is taken from the message:
+//     once it has been through a consumer retry the broker rewrites its
+//     REAL_TOPIC to the recovery group's retry topic. A
 //     COMMITTED row without a stored payload (DisablePayloadStorage, a
 //     resolver's decision) cannot be republished: it is decided NO_PAYLOAD,
 //     logged at Error and counted, and an operator must publish the event;

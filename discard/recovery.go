@@ -25,6 +25,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/pushstop"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/rmqroute"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -131,6 +132,9 @@ func (r *Recovery) Start(ctx context.Context) error {
 			producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
 			producer.WithSendMsgTimeout(r.cfg.SendTimeout),
 			producer.WithRetry(2),
+			// The queue of the event's aggregate (RepublishMessage sets
+			// the key), as txproducer.Send chose it.
+			producer.WithQueueSelector(rmqroute.New()),
 		)
 		if err != nil {
 			return fmt.Errorf("discard: publisher: %w", err)

@@ -62,7 +62,10 @@ func RepublishProperties(props map[string]string) map[string]string {
 
 // RepublishMessage builds the normal message that replaces a discarded half
 // message, from the txlog row alone: topic, tags, keys, stored properties
-// (the envelope, and the UNIQ_KEY of the half that committed) and payload.
+// (the envelope, and the UNIQ_KEY of the half that committed) and payload,
+// with the envelope's routing key as sharding key (wire.RoutingKey): the
+// Recovery's publisher sends it to the queue wire.QueueFor picks, the queue
+// of the aggregate's other events.
 // Nothing is taken from the discarded message, whose REAL_TOPIC the broker
 // rewrites when it passes through a retry. It returns an error wrapping
 // ErrNotRepublishable when the row lacks what a republish needs.
@@ -82,6 +85,14 @@ func RepublishMessage(row txlog.Row) (*primitive.Message, error) {
 		if v != "" {
 			props[k] = v
 		}
+	}
+	// The queue: the routing key of the row's aggregate (else business
+	// key), as txproducer.Send chose it, so the republished event joins its
+	// aggregate's queue (WIRE.md, "Queue routing"). A stored sharding key is
+	// replaced by the one the envelope gives.
+	delete(props, primitive.PropertyShardingKey)
+	if k := wire.PropertiesRoutingKey(props); k != "" {
+		props[primitive.PropertyShardingKey] = k
 	}
 	msg := primitive.NewMessage(row.Topic, row.Payload)
 	msg.WithProperties(props) // replaces the map: tags and keys after it

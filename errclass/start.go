@@ -13,4 +13,10 @@ var (
 	// ErrNameServerUnreachable: Start reached no RocketMQ name server that
 	// answers as one.
 	ErrNameServerUnreachable = errors.New("name server unreachable")
+	// ErrTopicNotFound: a topic Start must send to does not exist, and the
+	// broker does not create topics on first use (autoCreateTopicEnable
+	// is false, as on most production clusters): an operator creates it
+	// (mqadmin updateTopic, or rmqtx topic create). The error names the
+	// topic.
+	ErrTopicNotFound = errors.New("topic not found")
 )

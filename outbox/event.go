@@ -61,7 +61,10 @@ type Event struct {
 	MessageKey string
 	// Payload is the message body, at most MaxPayloadLen (4 MiB - 64 KiB,
 	// wire.MaxPayloadBytes: what the broker accepts by default). Keep
-	// secrets out of it: rows are long-lived copies.
+	// secrets out of it: rows are long-lived copies. It may be empty for a
+	// FuncSink command that needs none; RocketMQSink refuses an empty one
+	// (brokers refuse a message without a body), and the row goes DEAD at
+	// once with error code "empty_payload".
 	Payload []byte
 	// Headers travel as user properties (wire.HeaderPrefix + name).
 	Headers map[string]string

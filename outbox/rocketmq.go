@@ -68,8 +68,10 @@ type RocketMQConfig struct {
 // that keeps the queue's order (the rmqtx consumer does, per key) sees them
 // in the order they were sent.
 //
-// Error classes: topic missing at the broker, no permission and message
-// illegal (codes 17, 16, 13) and an invalid topic name are permanent; a
+// Error classes: no permission and message illegal (codes 16, 13), an
+// invalid topic name and an empty payload (which Enqueue accepts for a
+// FuncSink) are permanent; a topic missing at the broker (code 17) is the
+// cluster's setup, retried with backoff (internal/brokerclass); a
 // timeout, a lost connection or a non-OK store status (flush or slave
 // timeout) is unknown; everything else, including "no route to topic", is
 // transient. The client cannot tell "the name server and brokers are down"
@@ -170,6 +172,14 @@ func (s *RocketMQSink) validate(m *Message) error {
 	}
 	if err := m.Envelope().Validate(); err != nil {
 		return NewSendError(ClassPermanent, "invalid_envelope", fmt.Errorf("%w: %w", ErrMessageIllegal, err))
+	}
+	// Enqueue accepts an empty payload (a FuncSink command may need none),
+	// but a broker refuses an empty body, and with a code (1, an internal
+	// error) that reads as transient: the row would retry for MaxRetries
+	// before going DEAD. txproducer.Send refuses one up front too.
+	if len(m.Payload) == 0 {
+		return NewSendError(ClassPermanent, "empty_payload",
+			fmt.Errorf("%w: the payload is empty, and RocketMQ brokers refuse a message without a body (enqueue at least one byte, e.g. {})", ErrMessageIllegal))
 	}
 	return nil
 }

@@ -7,7 +7,10 @@
 //     envelope.PropReplayPrefix (PropAuditID, PropOperator, PropCount, ...).
 //     A dead letter has no consume-log row (its handler never committed), so
 //     the first replay of a fixed message applies once; replaying it again is
-//     a dedup hit, never a second effect.
+//     a dedup hit, never a second effect. It goes to the queue of its
+//     aggregate (else business key), the queue its original sender chose
+//     (WIRE.md, "Queue routing"), so the consumer applies it in turn with
+//     the aggregate's events sent after it, never beside them.
 //   - Pacing: messages go out in small batches under a token-bucket rate limit
 //     (golang.org/x/time/rate, burst 1). After every batch the replayer counts
 //     dead letters parked since it started; once they reach

@@ -23,8 +23,10 @@ import (
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/rmqroute"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/wire"
 )
 
 // Result is how a replay run ended; it is stored in replay_audit.result.
@@ -158,6 +160,9 @@ func (r *Replayer) Start(ctx context.Context) error {
 		producer.WithInstanceName(r.cfg.InstanceName),
 		producer.WithSendMsgTimeout(r.cfg.SendTimeout),
 		producer.WithRetry(2),
+		// The queue of the event's aggregate (replayMessage sets the key),
+		// as the original sender chose it.
+		producer.WithQueueSelector(rmqroute.New()),
 	)
 	if err != nil {
 		return fmt.Errorf("replay: producer: %w", err)
@@ -394,7 +399,6 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 		it.Result, it.Detail = ItemSkipped, reason
 		return nil
 	}
-	msg := primitive.NewMessage(l.Topic, l.Payload)
 	props := replayProperties(l)
 	props[PropAuditID] = strconv.FormatInt(auditID, 10)
 	props[PropOperator] = clip(req.Operator, 128)
@@ -404,7 +408,7 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	sctx, sp := r.tr.StartLinked(ctx, props, otelx.SpanReplay, trace.SpanKindProducer,
 		otelx.Attrs{Destination: l.Topic, Group: r.cfg.Group, EventID: l.EventID, EventType: l.EventType})
 	r.tr.Inject(sctx, props)
-	msg.WithProperties(props)
+	msg := replayMessage(l, props)
 
 	sctx, cancel := context.WithTimeout(sctx, r.cfg.SendTimeout)
 	res, err := prod.SendSync(sctx, msg)
@@ -445,6 +449,20 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	}
 	it.Result = ItemSent
 	return nil
+}
+
+// replayMessage is the message that re-publishes l with props (its stored
+// properties and the replay's own). Its sharding key is the envelope's
+// routing key (aggregate, else business key: wire.RoutingKey), so the
+// replayer's selector sends it to the queue wire.QueueFor picks, the queue
+// of the aggregate's other events (WIRE.md, "Queue routing").
+func replayMessage(l consumer.DeadLetter, props map[string]string) *primitive.Message {
+	msg := primitive.NewMessage(l.Topic, l.Payload)
+	msg.WithProperties(props)
+	if k := wire.PropertiesRoutingKey(props); k != "" {
+		msg.WithShardingKey(k)
+	}
+	return msg
 }
 
 // newDeadLetters counts dead letters parked (first time or again) since t.

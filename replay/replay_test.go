@@ -3,6 +3,7 @@ package replay_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -122,6 +123,21 @@ func testReplayEndToEnd(t *testing.T, db *sqlx.DB) {
 		}
 	}
 	require.Equal(t, 1, replayed, "one replayed message carries audit id %d: %+v", rep.AuditID, msgs)
+	// Each replay went to the queue of its routing key (the business key
+	// here; one broker: the queue id is wire.QueueFor's index), whichever
+	// queue the plain original went to.
+	for _, e := range envs {
+		var ms []inspect.BrokerMessage
+		testenv.Eventually(t, 30*time.Second, "broker index has the replay of "+e.EventID, func() bool {
+			ms, err = look.QueryByKey(ctx, topic, e.EventID, 32)
+			return err == nil && slices.ContainsFunc(ms, func(bm inspect.BrokerMessage) bool { return bm.ReplayAuditID != "" })
+		})
+		for _, bm := range ms {
+			if bm.ReplayAuditID != "" {
+				require.Equal(t, wire.QueueFor(e.BusinessKey, 2), bm.QueueID, "replay of %s (key %s)", e.EventID, e.BusinessKey)
+			}
+		}
+	}
 
 	// Second replay of the same dead letters: a dedup hit each, no new effect.
 	dupBefore := c.Processor().Stats().Duplicates

@@ -16,6 +16,9 @@
 # RMQTX_BROKERS=2 starts a two-master cluster: broker-a ("broker", on
 # RMQTX_BROKER_PORT) and broker-b (on RMQTX_BROKER_B_PORT), each with its own
 # ports and store, registered with the one name server (cluster tests).
+# RMQTX_AUTO_CREATE_TOPIC=false starts brokers that refuse sends to a topic
+# nobody created (autoCreateTopicEnable=false), as most production clusters
+# do; the default, true, creates a topic on its first send.
 # `up` is idempotent: a second call only checks the services and returns.
 set -euo pipefail
 
@@ -37,6 +40,8 @@ BROKER_PORT=${RMQTX_BROKER_PORT:-10911}
 BROKERS=${RMQTX_BROKERS:-1}
 BROKER_B_PORT=${RMQTX_BROKER_B_PORT:-$((BROKER_PORT + 100))}
 [[ $BROKERS == 1 || $BROKERS == 2 ]] || { echo "[services] ERROR: RMQTX_BROKERS must be 1 or 2" >&2; exit 1; }
+AUTO_CREATE_TOPIC=${RMQTX_AUTO_CREATE_TOPIC:-true}
+[[ $AUTO_CREATE_TOPIC == true || $AUTO_CREATE_TOPIC == false ]] || { echo "[services] ERROR: RMQTX_AUTO_CREATE_TOPIC must be true or false" >&2; exit 1; }
 # Heaps: one broker gets 512 MiB; each broker of the two-broker cluster 384 MiB.
 BROKER_HEAP=${RMQTX_BROKER_HEAP:-$([[ $BROKERS == 2 ]] && echo 384m || echo 512m)}
 # Short transaction-check settings for tests (the broker's defaults are 6000 / 30000 / 15).
@@ -346,6 +351,7 @@ EOF
         -e "s#^transactionCheckInterval=.*#transactionCheckInterval=$TX_CHECK_INTERVAL_MS#" \
         -e "s#^transactionCheckMax=.*#transactionCheckMax=$TX_CHECK_MAX#" \
         -e "s#^forceVerifyPropCRC=.*#forceVerifyPropCRC=$verify#" \
+        -e "s#^autoCreateTopicEnable=.*#autoCreateTopicEnable=$AUTO_CREATE_TOPIC#" \
         ${SEND_QUEUE_WAIT_MS:+-e "s#^waitTimeMillsInSendQueue=.*#waitTimeMillsInSendQueue=$SEND_QUEUE_WAIT_MS#"} \
         "$ROOT/scripts/rocketmq/broker.conf" >"$RMQ_DIR/$svc.conf"
   done
@@ -391,7 +397,7 @@ start_broker() { # broker|broker-b
   port_open "$port" && die "port $port is taken by another process; set RMQTX_BROKER_PORT / RMQTX_BROKER_B_PORT"
   local op_batch
   op_batch=$(sed -n 's/^transactionOpBatchInterval=//p' "$RMQ_DIR/$svc.conf")
-  log "starting RocketMQ $(broker_name "$svc") on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks, op batch ${op_batch:-3000}ms)"
+  log "starting RocketMQ $(broker_name "$svc") on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks, op batch ${op_batch:-3000}ms, auto-create topics $AUTO_CREATE_TOPIC)"
   if ((TX_TIMEOUT_MS <= ${op_batch:-3000})); then
     log "note: RMQTX_TX_TIMEOUT_MS ${TX_TIMEOUT_MS} <= transactionOpBatchInterval ${op_batch:-3000}: the broker re-checks answered halves and stores committed events several times"
   fi
@@ -440,8 +446,11 @@ wait_rocketmq() { # [broker services to wait for; default all]
   # to a queue of that broker is stored. internal/tools/svcready checks both
   # in one process; a JVM (mqadmin) per attempt was slower than the broker
   # itself on a loaded machine. The rest of the same deadline is its budget.
+  # A broker that does not auto-create topics gets its probe topic created
+  # by svcready first (-create-probe-topic).
   local left=$((deadline - SECONDS)) out
   ((left > 5)) || left=5
+  [[ $AUTO_CREATE_TOPIC == true ]] || args+=(-create-probe-topic)
   if ! out=$(svcready -namesrv "127.0.0.1:$NAMESRV_PORT" "${args[@]}" -timeout "${left}s" 2>&1); then
     echo "$out" >&2
     broker_fail "broker not usable within ${WAIT_SECONDS}s of start" "${1:-broker}"
@@ -593,5 +602,5 @@ case ${1:-} in
   logs) shift; cmd_logs "$@" ;;
   admin) shift; mqadmin "$@" ;;
   env) cmd_env ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -69,7 +69,7 @@ type Config struct {
 	// spent waiting for the broker (SendTimeout per attempt, SendRetries
 	// attempts) is not charged to it: a Send that waited out a dead broker
 	// and stored its half on another still gets the whole budget, and one
-	// whose half was never stored fails with ErrSend (RetryWithNewID).
+	// whose half was never stored fails with ErrSend (RetryWithSameID).
 	// Default 30 s. Keep it below FenceAge so checks rarely wait on a
 	// running one.
 	LocalTxTimeout time.Duration

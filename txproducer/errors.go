@@ -124,9 +124,10 @@ const (
 	// DontRetry: nil, or sending again cannot help (invalid config or
 	// message, the caller's function refused, an id conflict, closed).
 	DontRetry Advice = iota
-	// RetryWithNewID: a Send with a new event id may succeed. RetryAdvice
-	// no longer returns it (a failed Send does not spend its id); it is
-	// kept so that code switching on it compiles.
+	// RetryWithNewID: the event id is spent, a Send with a new event id
+	// may succeed. Only for an id whose rollback was recorded by a version
+	// of rmqtx that did not name halves (ErrFenced): such a row stays
+	// final. A failed Send of this version does not spend its id.
 	RetryWithNewID
 	// RetryWithSameID: nothing committed, or the outcome is unknown; Send
 	// again with the same event id (Result.EventID). A committed outcome
@@ -149,9 +150,10 @@ func (a Advice) String() string {
 // RetryAdvice classifies a Send error: RetryWithSameID for ErrCommitUnknown,
 // ErrSend, ErrDatabase, ErrFenced and ErrLocalTx (the caller's function
 // failed: whether to run it again is the caller's call, but a retry takes
-// the same id), DontRetry for everything else (an invalid message or
-// config, an id committed with another payload, a closed producer), nil
-// included.
+// the same id), RetryWithNewID for the ErrFenced of an id rolled back by an
+// earlier rmqtx that did not name halves (its row stays final), DontRetry
+// for everything else (an invalid message or config, an id committed with
+// another payload, a closed producer), nil included.
 //
 // Two kinds of error are DontRetry whatever they wrap. An error that is not
 // a Send's: ErrStart (ErrDatabaseUnreachable, ErrNameServerUnreachable)
@@ -170,6 +172,8 @@ func RetryAdvice(err error) Advice {
 		return DontRetry
 	case errors.Is(err, ErrSend) && brokerRefusal(err):
 		return DontRetry
+	case errors.Is(err, errFinalRollback):
+		return RetryWithNewID
 	case errors.Is(err, ErrCommitUnknown), errors.Is(err, ErrSend), errors.Is(err, ErrDatabase),
 		errors.Is(err, ErrFenced), errors.Is(err, ErrLocalTx):
 		return RetryWithSameID
@@ -218,6 +222,11 @@ func txEnded(ctx context.Context, c *call, err error) error {
 	}
 	return fmt.Errorf("%w (%w)", err, cause)
 }
+
+// errFinalRollback is inside the ErrFenced of an id whose ROLLED_BACK row
+// names no half (written before rmqtx recorded halves): no Send can take
+// it over, so RetryAdvice says RetryWithNewID.
+var errFinalRollback = errors.New("the rollback is final: its row names no half (an earlier rmqtx); use a new event id")
 
 // Causes of the end of a local transaction's context (context.Cause).
 var (

@@ -49,6 +49,7 @@ type Producer struct {
 	log      *txlog.Store
 	checker  *checkback.Checker
 	recovery *discard.Recovery
+	ender    *ender // ends keyed commits synchronously (endsync.go)
 	tr       *otelx.Tracer // nil: tracing off
 
 	mu       sync.Mutex
@@ -80,7 +81,8 @@ func New(cfg Config) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("txproducer: %w", err)
 	}
-	p := &Producer{cfg: cfg, db: db, log: store, checker: checker, tr: otelx.New(cfg.TracerProvider)}
+	p := &Producer{cfg: cfg, db: db, log: store, checker: checker, tr: otelx.New(cfg.TracerProvider),
+		ender: newEnder(cfg.NameServers, cfg.Group, cfg.SendTimeout)}
 	if !cfg.DisableRecovery {
 		p.recovery, err = discard.New(discard.Config{
 			NameServers: cfg.NameServers, Group: cfg.Group, Log: store,
@@ -195,6 +197,10 @@ type call struct {
 	props map[string]string // the envelope properties, stored with the row
 	half  string            // UNIQ_KEY of this Send's half message, set before it is sent
 	ran   bool
+	// keyed: the message has a routing key, so a commit is ended by Send
+	// itself (syncEnd), synchronously, to keep the key's order (endsync.go).
+	keyed   bool
+	syncEnd bool
 
 	// txCtx is the context of the local transaction: early is that
 	// transaction, begun while the half message is in flight. stopTx ends
@@ -280,9 +286,10 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	keys := append(append([]string{}, msg.Keys...), id)
 	rm.WithKeys(keys)
 	rmqroute.SetKey(rm, env) // one aggregate, one queue
+	keyed := env.RoutingKey() != ""
 
 	res.State = StateRolledBack // the Send has begun: a failure from here on rolled back
-	c := &call{ctx: ctx, fn: fn, props: props, state: StateRolledBack, row: txlog.Row{
+	c := &call{ctx: ctx, fn: fn, props: props, state: StateRolledBack, keyed: keyed, row: txlog.Row{
 		EventID: id, ProducerGroup: p.cfg.Group, Topic: msg.Topic, Tags: msg.Tags, Keys: strings.Join(keys, " "),
 		EventType: msg.EventType, State: txlog.StateCommitted, PayloadHash: props[wire.PropPayloadHash],
 		BusinessKey: msg.BusinessKey, ResolvedBy: txlog.ByLocalCommit,
@@ -323,6 +330,15 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	}
 	res.MsgID = sr.MsgID
 	res.TransactionID = sr.TransactionID
+	if c.syncEnd {
+		if err := p.ender.commit(msg.Topic, sr); err != nil {
+			// Committed all the same: the check commits the half from the
+			// txlog. Only the order behind the next event of the key is
+			// not assured.
+			p.cfg.Logger.WithField("event_id", id).WithError(err).
+				Warn("txproducer: could not end a committed transaction; the broker's check will, and the next event of its key may be stored first")
+		}
+	}
 	if !c.ran {
 		// The client answers ROLLBACK without running the local transaction
 		// on a flush or slave timeout; err is nil then.
@@ -363,6 +379,10 @@ func (p *Producer) count(eventType string, c *call) {
 // not publish a second copy.
 func (p *Producer) existing(c *call, row txlog.Row) {
 	switch {
+	case row.State == txlog.StateRolledBack && row.Half() == "":
+		// Written before rmqtx named halves: final for every half, so no
+		// Send can take it over (txlog.Retakable).
+		c.state, c.err = StateRolledBack, fmt.Errorf("%w: %s (resolved by %s; %w)", ErrFenced, row.EventID, row.ResolvedBy, errFinalRollback)
 	case row.State == txlog.StateRolledBack:
 		c.state, c.err = StateRolledBack, wrapf(ErrFenced, "%s (resolved by %s)", row.EventID, row.ResolvedBy)
 	case row.PayloadHash != c.row.PayloadHash:
@@ -658,7 +678,10 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	stop := tp.Shutdown
+	stop := func() error {
+		p.ender.close()
+		return tp.Shutdown()
+	}
 	if drained {
 		if err := stop(); err != nil {
 			errs = append(errs, err)
@@ -705,6 +728,11 @@ func (l *listener) ExecuteLocalTransaction(m *primitive.Message) (st primitive.L
 	c := v.(*call)
 	st = l.p.runLocalTraced(c, m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
 	if lose := l.p.cfg.Test.LoseEnd; lose != nil && lose(c.row.EventID) {
+		return primitive.UnkonwnState
+	}
+	if st == primitive.CommitMessageState && c.keyed {
+		// Send ends it itself once the client returns (see endsync.go).
+		c.syncEnd = true
 		return primitive.UnkonwnState
 	}
 	return st

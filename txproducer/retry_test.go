@@ -76,3 +76,30 @@ func testRetrySameIDAfterLocalFailure(t *testing.T, b *bundle) {
 	require.True(t, dup.Duplicate)
 	b.exactlyOneCopy(t, p, id)
 }
+
+// A rollback recorded by an rmqtx that did not name halves stays final: a
+// Send of that id is fenced and told to use a new id; the new id commits.
+func TestRetryAfterLegacyRollback(t *testing.T) {
+	t.Parallel()
+	eachDB(t, 1, func(t *testing.T, b *bundle) {
+		p := startProducer(t, b.config())
+		ctx := context.Background()
+		id := "legacy-" + testenv.RandSuffix(8)
+		_, _, err := b.store.Fence(ctx, txlog.Row{EventID: id, ProducerGroup: b.group, ResolvedBy: txlog.ByLocalRollback})
+		require.NoError(t, err)
+		require.Empty(t, b.row(t, id).Half(), "a row as an earlier rmqtx wrote it")
+
+		res, err := p.Send(ctx, b.msg(id), insertOrder(id))
+		require.ErrorIs(t, err, txproducer.ErrFenced)
+		require.Equal(t, txproducer.StateRolledBack, res.State)
+		require.Equal(t, txproducer.RetryWithNewID, txproducer.RetryAdvice(err), "%v", err)
+
+		fresh := id + "-2"
+		res, err = p.Send(ctx, b.msg(fresh), insertOrder(fresh))
+		require.NoError(t, err)
+		require.Equal(t, txproducer.StateCommitted, res.State)
+		b.exactlyOneCopy(t, p, fresh)
+		b.sendMarker(t, p)
+		require.Zero(t, b.coll.Snapshot().Counts[id])
+	})
+}

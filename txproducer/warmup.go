@@ -2,6 +2,7 @@ package txproducer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -10,8 +11,17 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2"
 
+	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 )
+
+// ErrTopicNotFound: a WarmupTopics topic does not exist and the broker does
+// not create topics on first use (autoCreateTopicEnable=false, as on most
+// production clusters). Start's error names the topic and wraps ErrStart
+// too; create the topic (mqadmin updateTopic, or rmqtx topic create) and
+// call Start again. It is errclass.ErrTopicNotFound.
+var ErrTopicNotFound = errclass.ErrTopicNotFound
 
 // Why warm-up works the way it does.
 //
@@ -38,6 +48,10 @@ func (p *Producer) warmup(ctx context.Context, tp rocketmq.TransactionProducer, 
 	}
 	for _, topic := range p.cfg.WarmupTopics {
 		if err := p.probe(ctx, tp, topic); err != nil {
+			if p.topicMissing(ctx, topic, err) {
+				return fmt.Errorf("%w: %w: warm-up topic %s does not exist (the broker does not create topics on first use): create it before starting, with mqadmin updateTopic -c <cluster> -t %s or rmqtx topic create --name %s (%w)",
+					ErrStart, ErrTopicNotFound, topic, topic, topic, err)
+			}
 			return err
 		}
 	}
@@ -57,6 +71,18 @@ func (p *Producer) warmup(ctx context.Context, tp rocketmq.TransactionProducer, 
 	}
 	p.confirmRegistered(ctx)
 	return nil
+}
+
+// topicMissing reports whether the failed probe of topic failed because
+// the topic does not exist: the broker answered TOPIC_NOT_EXIST (17), or
+// the name server knows no route for it (the client then reports "route
+// info not found" without a code).
+func (p *Producer) topicMissing(ctx context.Context, topic string, probeErr error) bool {
+	if code, ok := brokerclass.CodeOf(probeErr); ok && code == brokerclass.TopicNotExist {
+		return true
+	}
+	_, err := remoting.TopicRoute(ctx, p.cfg.NameServers, p.cfg.SendTimeout, topic)
+	return errors.Is(err, remoting.ErrTopicNotFound)
 }
 
 // confirmRegistered asks every master broker of the warm-up topics whether

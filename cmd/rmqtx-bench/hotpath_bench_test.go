@@ -7,6 +7,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/rmqroute"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -63,5 +64,32 @@ func BenchmarkCheckbackQueryFromMessage(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = checkback.QueryFromMessage(ext)
+	}
+}
+
+// BenchmarkQueueSelect is what routing adds to a send: the queue selector
+// on a message with a routing key (the FNV-1a hash of the key) and on one
+// without (round robin), over the 4 queues of a bench topic.
+func BenchmarkQueueSelect(b *testing.B) {
+	queues := make([]*primitive.MessageQueue, 4)
+	for i := range queues {
+		queues[i] = &primitive.MessageQueue{Topic: "bench_topic", BrokerName: "b", QueueId: i}
+	}
+	for _, keyed := range []bool{false, true} {
+		name := "no key"
+		env := wire.Envelope{EventID: wire.NewEventID(), EventType: benchEventType}
+		if keyed {
+			name, env.AggregateType, env.AggregateID, env.AggregateVersion = "aggregate", "Order", "9f8c2b1e-7d4a-4c1e-9b7a-0f3e2d1c4b5a", 1
+		}
+		b.Run(name, func(b *testing.B) {
+			m := primitive.NewMessage("bench_topic", makePayload(512, 1))
+			m.WithProperties(env.Properties(m.Body))
+			rmqroute.SetKey(m, env)
+			sel := rmqroute.New()
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = sel.Select(m, queues, "")
+			}
+		})
 	}
 }

@@ -52,7 +52,7 @@ type Options struct {
 	Phases      bool   // producer: add an rmqtx Send side whose spans give the phase breakdown
 }
 
-var allWorkloads = []string{"roundtrips", "producer", "localtx", "consumer", "outbox", "checkback"}
+var allWorkloads = []string{"roundtrips", "producer", "localtx", "consumer", "ordering", "outbox", "checkback"}
 
 type workloadFunc func(ctx context.Context, e *Env) *Workload
 
@@ -61,6 +61,7 @@ var workloadFuncs = map[string]workloadFunc{
 	"producer":   runProducer,
 	"localtx":    runLocalTx,
 	"consumer":   runConsumer,
+	"ordering":   runOrdering,
 	"outbox":     runOutbox,
 	"checkback":  runCheckback,
 }
@@ -83,9 +84,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&workloads, "workloads", strings.Join(allWorkloads, ","), "comma-separated workloads to run: "+strings.Join(allWorkloads, ", "))
 	fs.IntVar(&opt.Concurrency, "concurrency", 8, "concurrent operations on every side (producer workers, consumer goroutines, outbox sends in flight)")
 	fs.IntVar(&opt.Rounds, "rounds", 5, "measured rounds per side; sides alternate within each round")
-	fs.DurationVar(&opt.Duration, "duration", 2*time.Second, "producer: length of one measured round per side")
+	fs.DurationVar(&opt.Duration, "duration", 2*time.Second, "producer, ordering (Send sides): length of one measured round per side")
 	fs.Int64Var(&opt.N, "n", 0, "producer: operations per round per side instead of -duration (0: use -duration)")
-	fs.IntVar(&opt.Messages, "messages", 4000, "consumer: messages per round per side")
+	fs.IntVar(&opt.Messages, "messages", 4000, "consumer, ordering: messages per round per side")
 	fs.IntVar(&opt.OutboxRows, "outbox-rows", 10000, "outbox: rows per round per side (a round of 2000 rows lasts about 0.3 s: too short to time)")
 	fs.IntVar(&opt.Halves, "halves", 200, "checkback: orphaned half messages per round")
 	fs.DurationVar(&opt.Warmup, "warmup", 2*time.Second, "warm-up per side before the first measured round")
@@ -313,6 +314,12 @@ func addRatios(w *Workload) {
 		w.AddRatio("duplicate cold (DB) / raw no-op ceiling", sideDupCold, sideNoopHandler, 0)
 		w.AddRatio("duplicate warm (cache) / raw no-op ceiling", sideDupWarm, sideNoopHandler, 0)
 		w.AddRatio("raw handler / raw no-op ceiling", sideRawHandler, sideNoopHandler, 0)
+	case "ordering":
+		w.AddRatio("ordered, an aggregate per event / unordered", sideOrdEach, sideOrdNone, 0)
+		w.AddRatio("ordered, 16 aggregates / unordered", sideOrdFew, sideOrdNone, 0)
+		w.AddRatio("ordered, one aggregate / unordered", sideOrdOne, sideOrdNone, 0)
+		w.AddRatio("Send, an aggregate per event / no key", sideSendEach, sideSendNone, 0)
+		w.AddRatio("Send, one aggregate / no key", sideSendOne, sideSendNone, 0)
 	case "outbox":
 		w.AddRatio("dispatcher x1 / raw SendSync", sideOutboxOne, sideOutboxRaw, targetOutbox)
 		w.AddRatio("dispatcher x2 / raw SendSync", sideOutboxTwo, sideOutboxRaw, 0)

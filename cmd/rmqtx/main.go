@@ -10,6 +10,7 @@
 //	rmqtx archive [--dry-run] [--move]
 //	rmqtx stats
 //	rmqtx config
+//	rmqtx topic create --name T [--queues 4] [--cluster C]
 //
 // Output is a table for humans, or JSON with --json. Payloads are hidden
 // (sizes only) unless the operator opts out: --redact-prefix N shows the
@@ -77,6 +78,7 @@ commands:
   archive [--dry-run]           remove (or --move) terminal rows past retention
   stats                         row counts per table, status and group
   config                        the effective configuration (password masked)
+  topic create --name T         create topic T on every master broker of the cluster (--queues N, --cluster C)
 
 payloads are hidden (sizes only); --redact-prefix N or --show-payload show them (risky).
 database: RMQTX_DSN (or --dsn), MySQL user:password@tcp(host:port)/db or
@@ -102,12 +104,12 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		fmt.Fprintf(stderr, "rmqtx: the command comes first, its flags after it\n\n%s", usageText)
 		return exitUsage
 	}
-	if cmd == "dead" {
+	if sub, ok := withSubcommand[cmd]; ok {
 		if len(rest) == 0 {
-			fmt.Fprintln(stderr, "rmqtx: dead needs a subcommand: list or show")
+			fmt.Fprintf(stderr, "rmqtx: %s needs a subcommand: %s\n", cmd, sub)
 			return exitUsage
 		}
-		cmd, rest = "dead "+rest[0], rest[1:]
+		cmd, rest = cmd+" "+rest[0], rest[1:]
 	}
 	c, ok := commands[cmd]
 	if !ok {
@@ -134,14 +136,19 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"migrate":   cmdMigrate,
-		"inspect":   cmdInspect,
-		"stuck":     cmdStuck,
-		"dead list": cmdDeadList,
-		"dead show": cmdDeadShow,
-		"replay":    cmdReplay,
-		"archive":   cmdArchive,
-		"stats":     cmdStats,
-		"config":    cmdConfig,
+		"migrate":      cmdMigrate,
+		"inspect":      cmdInspect,
+		"stuck":        cmdStuck,
+		"dead list":    cmdDeadList,
+		"dead show":    cmdDeadShow,
+		"replay":       cmdReplay,
+		"archive":      cmdArchive,
+		"stats":        cmdStats,
+		"config":       cmdConfig,
+		"topic create": cmdTopicCreate,
 	}
 }
+
+// withSubcommand lists the commands that take a subcommand, with the list a
+// usage error names.
+var withSubcommand = map[string]string{"dead": "list or show", "topic": "create"}

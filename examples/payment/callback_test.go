@@ -187,7 +187,7 @@ func testCallbackRejectsBadRequests(t *testing.T, db *sqlx.DB) {
 	status, resp := b.post(t, goodBody, sign(goodBody))
 	require.Equal(t, http.StatusOK, status, "%+v", resp)
 	require.Equal(t, "applied", resp.Result)
-	require.Equal(t, paymentEventID("pay_1", 1), resp.EventID)
+	require.Equal(t, paymentEventID("pay_1"), resp.EventID)
 	var st struct {
 		Pay   string `db:"pay"`
 		Order string `db:"ord"`
@@ -215,7 +215,7 @@ func testCallbackRejectsBadRequests(t *testing.T, db *sqlx.DB) {
 		status, resp = b.post(t, goodBody, sign(goodBody))
 		require.Equal(t, http.StatusOK, status)
 		require.Equal(t, "duplicate", resp.Result)
-		require.Equal(t, paymentEventID("pay_1", 1), resp.EventID)
+		require.Equal(t, paymentEventID("pay_1"), resp.EventID)
 	}
 	require.Equal(t, after, snapshot(t, b.db), "a repeated callback changed the database")
 	// A second gateway transaction for a paid payment is a conflict.
@@ -225,4 +225,62 @@ func testCallbackRejectsBadRequests(t *testing.T, db *sqlx.DB) {
 	require.Equal(t, after, snapshot(t, b.db))
 	require.EqualValues(t, 1, b.svc.Stats.Applied.Load())
 	require.EqualValues(t, 3, b.svc.Stats.Duplicates.Load())
+}
+
+// A callback whose Send fails is answered 503, and the gateway's retry
+// publishes with the same event id: the failed Send committed nothing and
+// did not spend the payment's one id. The failure is real: the order row is
+// locked by another transaction, so the callback's local transaction runs
+// past LocalTxTimeout and rolls back.
+func TestCallbackRetrySendsTheSameEventID(t *testing.T) {
+	t.Parallel()
+	testenv.EachDB(t, testCallbackRetrySameID)
+}
+
+func testCallbackRetrySameID(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
+	b := setupCallback(t, db)
+	ctx := context.Background()
+	require.NoError(t, b.svc.CreateOrder(ctx, "ord_1", "pay_1", 1, 12_345, "EUR"))
+	body := mustJSON(Callback{PaymentID: "pay_1", OrderID: "ord_1", AmountCents: 12_345, Currency: "EUR", Status: PaymentSuccess,
+		GatewayTxnID: "gw_1", PaidAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	id := paymentEventID("pay_1")
+	coll := testenv.Collect(t, b.topic)
+
+	lock, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	var ver int
+	require.NoError(t, lock.Get(&ver, db.Rebind(`SELECT version FROM orders WHERE id = ? FOR UPDATE`), "ord_1"))
+	status, resp := b.post(t, body, Sign(b.secret, body, time.Now()))
+	require.NoError(t, lock.Rollback())
+	require.Equal(t, http.StatusServiceUnavailable, status, "%+v", resp)
+	require.EqualValues(t, 1, b.svc.Stats.Unavailable.Load())
+	var pay string
+	require.NoError(t, db.Get(&pay, db.Rebind(`SELECT status FROM payments WHERE id = ?`), "pay_1"))
+	require.Equal(t, PaymentPending, pay, "the failed Send committed nothing")
+	store, err := txlog.New(db, rmqtxPrefix)
+	require.NoError(t, err)
+	if row, err := store.Get(ctx, id); err == nil {
+		require.Equal(t, txlog.StateRolledBack, row.State, "the failed Send's row records its rollback")
+	} else {
+		require.ErrorIs(t, err, txlog.ErrNotFound)
+	}
+
+	// The gateway's retry: the same id, applied.
+	status, resp = b.post(t, body, Sign(b.secret, body, time.Now()))
+	require.Equal(t, http.StatusOK, status, "%+v", resp)
+	require.Equal(t, "applied", resp.Result)
+	require.Equal(t, id, resp.EventID)
+	row, err := store.Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, txlog.StateCommitted, row.State)
+	require.NoError(t, db.Get(&pay, db.Rebind(`SELECT status FROM payments WHERE id = ?`), "pay_1"))
+	require.Equal(t, PaymentSuccess, pay)
+	coll.WaitDistinct(t, 1, time.Minute)
+	require.Equal(t, 1, coll.Snapshot().Counts[id], "PaymentSucceeded delivered once, with the payment's id")
+	// Once more: a duplicate of the same id.
+	status, resp = b.post(t, body, Sign(b.secret, body, time.Now()))
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "duplicate", resp.Result)
+	require.Equal(t, id, resp.EventID)
 }

@@ -149,7 +149,7 @@ type Result struct {
 
 // CallbackCounts is a snapshot of ServiceStats.
 type CallbackCounts struct {
-	Received, Applied, Duplicates, Rejected, Unavailable, SpentIDs int64
+	Received, Applied, Duplicates, Rejected, Unavailable, Resent int64
 }
 
 // app holds the running pieces.
@@ -286,7 +286,7 @@ func Run(ctx context.Context, cfg RunConfig) (Result, error) {
 	res.Elapsed = time.Since(started)
 	res.Driver = d.Stats()
 	st := &a.svc.Stats
-	res.Callbacks = CallbackCounts{st.Callbacks.Load(), st.Applied.Load(), st.Duplicates.Load(), st.Rejected.Load(), st.Unavailable.Load(), st.SpentIDs.Load()}
+	res.Callbacks = CallbackCounts{st.Callbacks.Load(), st.Applied.Load(), st.Duplicates.Load(), st.Rejected.Load(), st.Unavailable.Load(), st.Resent.Load()}
 	res.Points, res.Notify, res.Search = a.points.Processor().Stats(), a.notifier.Processor().Stats(), a.search.Processor().Stats()
 	res.Injected = a.inject.Injected.Load()
 	res.SMSCalls, res.SMSSent, res.SMSResends, res.SMSLost = a.gateway.Calls.Load(), a.gateway.Delivered.Load(), a.gateway.Resends.Load(), a.gateway.Lost.Load()

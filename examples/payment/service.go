@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,10 +23,11 @@ import (
 // CallbackPath is where the payment gateway posts its callbacks.
 const CallbackPath = "/payments/callback"
 
-// maxEventIDAttempts bounds how many derived ids one payment may use. A new
-// id is derived only when the previous one is provably spent (ROLLED_BACK in
-// the txlog, so no event with it was ever delivered).
-const maxEventIDAttempts = 5
+// maxSendAttempts bounds how often one callback sends its event in place
+// (the same event id every time) after a failure that the next attempt may
+// not meet: a deadlock or a fenced half. Other failures answer 503 and the
+// gateway's retry sends the same id again.
+const maxSendAttempts = 5
 
 // Callback is the body the gateway posts, signed with SignatureHeader.
 type Callback struct {
@@ -61,7 +61,7 @@ type ServiceStats struct {
 	Duplicates  atomic.Int64 // repeated callbacks answered as no-ops
 	Rejected    atomic.Int64 // 4xx answers
 	Unavailable atomic.Int64 // 503 answers (producer restarting, broker or DB trouble)
-	SpentIDs    atomic.Int64 // event ids found ROLLED_BACK and replaced by the next derived id
+	Resent      atomic.Int64 // Sends repeated in place with the same event id (deadlock, fenced half)
 }
 
 // Service is the payment service (callback endpoint) and the order service
@@ -319,15 +319,19 @@ func (s *Service) callback(r *http.Request) (CallbackResponse, error) {
 	ev := PaymentSucceeded{PaymentID: p.ID, OrderID: p.OrderID, UserID: p.UserID, AmountCents: p.AmountCents,
 		Currency: p.Currency, GatewayTxnID: cb.GatewayTxnID, PaidAt: paidAt.UTC().Format(time.RFC3339Nano)}
 	payload := mustJSON(ev)
-	for attempt := 1; attempt <= maxEventIDAttempts; attempt++ {
+	// One event id per payment, derived from the payment id: a failed Send
+	// commits nothing and does not spend it (txproducer, "Retries"), so
+	// every retry, in place or by the gateway, sends the same id, and a
+	// retry after a commit whose answer was lost finds it (Duplicate).
+	id := paymentEventID(p.ID)
+	msg := txproducer.Message{
+		Topic: s.PaymentTopic, EventID: id, EventType: TypePaymentSucceeded, EventVersion: 1,
+		Keys: []string{p.ID}, BusinessKey: p.ID, Payload: payload,
+	}
+	for attempt := 1; ; attempt++ {
 		prod := s.sender()
 		if prod == nil {
 			return CallbackResponse{}, reject(http.StatusServiceUnavailable, "producer_restarting", "the event producer is restarting; retry")
-		}
-		id := paymentEventID(p.ID, attempt)
-		msg := txproducer.Message{
-			Topic: s.PaymentTopic, EventID: id, EventType: TypePaymentSucceeded, EventVersion: 1,
-			Keys: []string{p.ID}, BusinessKey: p.ID, Payload: payload,
 		}
 		res, err := prod.Send(ctx, msg, func(ctx context.Context, tx *sqlx.Tx) error {
 			return s.markPaid(ctx, tx, p, cb, id, paidAt)
@@ -339,16 +343,21 @@ func (s *Service) callback(r *http.Request) (CallbackResponse, error) {
 			}
 			notify(s.NotifyPay)
 			return CallbackResponse{Result: "applied", PaymentID: p.ID, EventID: id}, nil
-		case errors.Is(err, txproducer.ErrFenced):
-			// The id is spent: an earlier attempt rolled back or a check
-			// fenced it. Nothing with it was delivered; derive the next.
-			s.Stats.SpentIDs.Add(1)
-			s.Log.WithField("payment_id", p.ID).WithField("event_id", id).Warn("event id spent (rolled back earlier); using the next derived id")
-			continue
-		case errors.Is(err, txproducer.ErrLocalTx) && isLockConflict(err):
-			// A deadlock rolled the local transaction back, and the producer
-			// persisted that rollback: this id is spent, use the next.
-			s.Stats.SpentIDs.Add(1)
+		case txproducer.RetryAdvice(err) == txproducer.RetryWithNewID:
+			// The id's row records a rollback written by an rmqtx that did
+			// not name halves: that row stays final, and no retry of this
+			// payment can commit its one id. Not retryable here (a new
+			// database per run never holds such a row); a service that
+			// upgrades with such rows derives a second id for them.
+			return CallbackResponse{}, reject(http.StatusInternalServerError, "event_id_final",
+				"payment %s: event id %s was rolled back by an earlier rmqtx and cannot be reused", p.ID, id)
+		case attempt < maxSendAttempts && txproducer.RetryAdvice(err) == txproducer.RetryWithSameID &&
+			(errors.Is(err, txproducer.ErrFenced) || errors.Is(err, txproducer.ErrLocalTx) && isLockConflict(err)):
+			// A check fenced this Send's half, or a deadlock rolled the
+			// local transaction back: nothing committed, and sending the
+			// same id again right away takes its row over.
+			s.Stats.Resent.Add(1)
+			s.Log.WithField("payment_id", p.ID).WithField("event_id", id).WithError(err).Debug("send failed; sending the same event id again")
 			continue
 		case errors.Is(err, txproducer.ErrLocalTx), errors.Is(err, txproducer.ErrEventIDConflict):
 			// Lost a race with another callback or a cancel: re-read.
@@ -362,25 +371,19 @@ func (s *Service) callback(r *http.Request) (CallbackResponse, error) {
 			return CallbackResponse{}, fmt.Errorf("local transaction failed: %w", err)
 		default:
 			// Broker or database trouble, or an unknown commit outcome: the
-			// gateway retries the callback. With ErrCommitUnknown
-			// (txproducer.RetryAdvice says RetryWithSameID) the retry's Send
-			// of the same derived id learns the outcome from the txlog. After
-			// ErrSend or ErrDatabase (RetryWithNewID) that id may be spent:
-			// the retry gets ErrFenced for it and the loop above moves on to
-			// the next derived id.
+			// gateway retries the callback, and the retry's Send carries
+			// the same id (txproducer.RetryAdvice: RetryWithSameID). It
+			// takes over the row of a Send that rolled back, and learns
+			// from the txlog that one whose answer was lost committed.
 			return CallbackResponse{}, fmt.Errorf("publish: %w", err)
 		}
 	}
-	return CallbackResponse{}, fmt.Errorf("payment %s: %d event ids spent", p.ID, maxEventIDAttempts)
 }
 
 // paymentEventID is the event id of a payment's PaymentSucceeded: derived
 // from the payment id, the same on every retry.
-func paymentEventID(paymentID string, attempt int) string {
-	if attempt <= 1 {
-		return EventID(TypePaymentSucceeded, paymentID)
-	}
-	return EventID(TypePaymentSucceeded, paymentID+"#"+strconv.Itoa(attempt))
+func paymentEventID(paymentID string) string {
+	return EventID(TypePaymentSucceeded, paymentID)
 }
 
 // settled answers a callback for a payment that is no longer PENDING.

@@ -17,8 +17,8 @@ func PrintSummary(w io.Writer, r Result) {
 	}
 	fmt.Fprintf(w, "\n== rmqtx payment demo: run %s (database %s on %s), %s ==\n", r.RunID, r.Database, engineTitle(r.Engine), r.Elapsed.Round(100*time.Millisecond))
 	line("payments", "%d made, %d SUCCESS; %d more orders canceled unpaid", d.Paid, rep.Succeeded, d.Canceled)
-	if cb.SpentIDs > 0 {
-		line("", "%d event ids found spent (rolled back) and replaced by the next derived id", cb.SpentIDs)
+	if cb.Resent > 0 {
+		line("", "%d Sends repeated in place with the same event id (a deadlock or a fenced half committed nothing)", cb.Resent)
 	}
 	line("callbacks", "%d received: %d applied, %d duplicate no-ops (%d duplicates sent), %d refused, %d answered 503 and retried by the gateway",
 		cb.Received, cb.Applied, cb.Duplicates, d.DupCallbacks, cb.Rejected, cb.Unavailable)

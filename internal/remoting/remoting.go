@@ -63,6 +63,14 @@ func RoundTrip(ctx context.Context, addr string, timeout time.Duration, code int
 		return Header{}, nil, fmt.Errorf("remoting: dial %s: %w", addr, err)
 	}
 	defer conn.Close()
+	return exchange(ctx, conn, bufio.NewReader(conn), addr, code, ext)
+}
+
+// exchange writes one request on conn and reads its response from r,
+// within ctx's deadline. The response must carry the request's opaque: on
+// a connection that is reused (Pool), anything else means the stream is out
+// of step, and the caller must close it.
+func exchange(ctx context.Context, conn net.Conn, r *bufio.Reader, addr string, code int, ext map[string]string) (Header, []byte, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
@@ -78,7 +86,6 @@ func RoundTrip(ctx context.Context, addr string, timeout time.Duration, code int
 	if _, err := conn.Write(frame); err != nil {
 		return Header{}, nil, fmt.Errorf("remoting: write to %s: %w", addr, err)
 	}
-	r := bufio.NewReader(conn)
 	var lenBuf [4]byte
 	if _, err := io.ReadFull(r, lenBuf[:]); err != nil {
 		return Header{}, nil, fmt.Errorf("remoting: read from %s: %w", addr, err)
@@ -103,8 +110,13 @@ func RoundTrip(ctx context.Context, addr string, timeout time.Duration, code int
 	if err := json.Unmarshal(buf[4:4+hl], &resp); err != nil {
 		return Header{}, nil, fmt.Errorf("remoting: decode header from %s: %w", addr, err)
 	}
+	if resp.Opaque != h.Opaque {
+		return Header{}, nil, fmt.Errorf("%w: %s answered opaque %d to request %d", errOutOfStep, addr, resp.Opaque, h.Opaque)
+	}
 	return resp, buf[4+hl:], nil
 }
+
+var errOutOfStep = errors.New("remoting: response does not answer the request")
 
 var brokerAddrsRE = regexp.MustCompile(`"brokerAddrs"\s*:\s*\{([^}]*)\}`)
 var addrEntryRE = regexp.MustCompile(`"?(\d+)"?\s*:\s*"([^"]+)"`)

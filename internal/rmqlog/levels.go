@@ -1,7 +1,11 @@
 package rmqlog
 
 import (
+	"errors"
+
+	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/rlog"
 	"github.com/sirupsen/logrus"
 )
 
@@ -32,7 +36,23 @@ var known = map[string]leveller{
 		}
 		return client
 	},
+	// A consumer started before its topic exists (consumer.Start allows it
+	// and logs the missing topic itself, once, then every 5 minutes): the
+	// client repeats these on every rebalance (20 s) and route refresh
+	// (30 s) until the topic is created.
+	"do balance in group failed, the topic does not exist": debug,
+	"not subscribe any topic yet":                          debug, // consumer.Start subscribes such a topic right after the client's Start
+	"queryTopicRouteInfoFromServer return nil":             debug, // follows "query topic route from server error" or "connect to namesrv failed.", which keep their level
+	"query topic route from server error": func(client logrus.Level, f map[string]interface{}) logrus.Level {
+		if err, ok := f[rlog.LogKeyUnderlayError].(error); ok && errors.Is(err, rmqerrors.ErrTopicNotExist) {
+			return logrus.DebugLevel
+		}
+		return client
+	},
 }
+
+// debug demotes a line to Debug whatever the client's level.
+func debug(logrus.Level, map[string]interface{}) logrus.Level { return logrus.DebugLevel }
 
 // localState reads the client's localState field, whatever integer type
 // carries it.

@@ -174,7 +174,7 @@ func TestScrubClientShapes(t *testing.T) {
 	requireNoCard(t, entries)
 
 	first := rendered(t, entries[0])
-	require.Equal(t, logrus.ErrorLevel, entries[0].Level)
+	require.Equal(t, logrus.DebugLevel, entries[0].Level, "a rollback is an ordinary outcome")
 	require.Contains(t, first, "topic=orders", "the summary keeps the topic")
 	require.Contains(t, first, "bodySize=", "and the body's size")
 	require.Contains(t, first, "RMQTX_EVENT_ID=evt-1", "and rmqtx's event id")
@@ -252,7 +252,7 @@ func TestRealRollbackLeaksNoPayload(t *testing.T) {
 		}
 		return false
 	})
-	require.Equal(t, logrus.ErrorLevel, rollback.Level)
+	require.Equal(t, logrus.DebugLevel, rollback.Level, "a declined card is an ordinary outcome, not an error")
 	require.Contains(t, rendered(t, rollback), "topic="+topic, "the line still says which message")
 	requireNoCard(t, hook.AllEntries())
 }

@@ -14,16 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/remoting"
 )
 
@@ -43,7 +39,7 @@ func Database(ctx context.Context, db *sql.DB) error {
 		return nil
 	}
 	where := "database"
-	if a := Addr(db); a != "" {
+	if a := dialect.ServerAddr(db); a != "" {
 		where = "database at " + a
 	}
 	return fmt.Errorf("%w: %s: %s: %w", errclass.ErrDatabaseUnreachable, where, cause(ctx, err), err)
@@ -84,14 +80,10 @@ func NameServers(ctx context.Context, addrs []string) error {
 // that does not parse), or "error".
 func cause(ctx context.Context, err error) string {
 	var nerr net.Error
-	var me *mysql.MySQLError
-	var pe *pgconn.PgError
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
-	case errors.As(err, &me) && (me.Number == 1045 || me.Number == 1044 || me.Number == 1698):
-		return "authentication failed"
-	case errors.As(err, &pe) && strings.HasPrefix(pe.Code, "28"):
+	case dialect.IsAuthFailure(err):
 		return "authentication failed"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout(), ctx.Err() != nil:
 		return "timeout"
@@ -109,46 +101,4 @@ func cause(ctx context.Context, err error) string {
 func oneLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return strings.TrimSpace(s)
-}
-
-// Addr returns the host:port (or socket path) db connects to, from the
-// driver's configuration: the go-sql-driver/mysql and pgx stdlib
-// connectors are known. It never returns user names or passwords, and
-// returns "" for a driver it does not know.
-func Addr(db *sql.DB) string {
-	if db == nil {
-		return ""
-	}
-	c := reflect.ValueOf(db).Elem().FieldByName("connector")
-	if !c.IsValid() {
-		return ""
-	}
-	for c.Kind() == reflect.Interface || c.Kind() == reflect.Pointer {
-		if c.IsNil() {
-			return ""
-		}
-		c = c.Elem()
-	}
-	if c.Kind() != reflect.Struct {
-		return ""
-	}
-	// go-sql-driver/mysql: connector{cfg *Config}.
-	if cfg := c.FieldByName("cfg"); cfg.IsValid() && cfg.Kind() == reflect.Pointer && !cfg.IsNil() {
-		if addr := cfg.Elem().FieldByName("Addr"); addr.IsValid() && addr.Kind() == reflect.String {
-			return addr.String()
-		}
-	}
-	// pgx stdlib.OpenDB: connector{pgx.ConnConfig{pgconn.Config{Host, Port}}}.
-	if host := c.FieldByName("Host"); host.IsValid() && host.Kind() == reflect.String {
-		if port := c.FieldByName("Port"); port.IsValid() && port.CanUint() {
-			return net.JoinHostPort(host.String(), strconv.FormatUint(port.Uint(), 10))
-		}
-	}
-	// pgx stdlib via sql.Open("pgx", dsn): driverConnector{name string}.
-	if name := c.FieldByName("name"); name.IsValid() && name.Kind() == reflect.String {
-		if cfg, err := pgconn.ParseConfig(name.String()); err == nil {
-			return net.JoinHostPort(cfg.Host, strconv.FormatUint(uint64(cfg.Port), 10))
-		}
-	}
-	return ""
 }

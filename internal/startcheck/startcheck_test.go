@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/startcheck"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
@@ -21,7 +22,7 @@ import (
 func TestDatabase(t *testing.T) {
 	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
 		ctx := context.Background()
-		require.Equal(t, testenv.ServerAddr(t, db), startcheck.Addr(db.DB), "the address comes from the driver's config")
+		require.Equal(t, testenv.ServerAddr(t, db), dialect.ServerAddr(db.DB), "the address comes from the driver's config")
 		require.NoError(t, startcheck.Database(ctx, db.DB))
 
 		closed := testenv.ClosedAddr(t)

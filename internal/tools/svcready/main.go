@@ -8,6 +8,11 @@
 //
 //	go run ./internal/tools/svcready -namesrv 127.0.0.1:9876 -broker broker-a=127.0.0.1:10911 [-broker broker-b=127.0.0.1:11011] -timeout 180s
 //
+// A broker started with autoCreateTopicEnable=false neither routes the
+// default topic TBW102 nor creates the probe topic on its first send: with
+// -create-probe-topic svcready waits for the broker in the name server's
+// cluster list instead, and creates the probe topic on it before sending.
+//
 // Exit status 0 when usable, 1 with the last error when the deadline passes.
 package main
 
@@ -53,6 +58,7 @@ func main() {
 	brokers := brokerFlags{}
 	flag.Var(brokers, "broker", "name=host:port of a broker that must be usable (repeatable; default broker-a=127.0.0.1:10911)")
 	timeout := flag.Duration("timeout", 180*time.Second, "give up after this long")
+	create := flag.Bool("create-probe-topic", false, "create the probe topic on each broker (brokers with autoCreateTopicEnable=false)")
 	flag.Parse()
 	if len(brokers) == 0 {
 		brokers["broker-a"] = "127.0.0.1:10911"
@@ -61,7 +67,7 @@ func main() {
 	defer cancel()
 	start := time.Now()
 	for name, addr := range brokers {
-		stage, err := wait(ctx, *ns, name, addr)
+		stage, err := wait(ctx, *ns, name, addr, *create)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "svcready: %s %s: %s not reached after %s: %v\n", name, addr, stage, time.Since(start).Round(time.Second), err)
 			os.Exit(1)
@@ -71,7 +77,7 @@ func main() {
 }
 
 // wait returns the stage it was in and the last error when ctx ends first.
-func wait(ctx context.Context, ns, name, broker string) (string, error) {
+func wait(ctx context.Context, ns, name, broker string, create bool) (string, error) {
 	rmqlog.Install(nil) // the client's own logs stay quiet
 	tick := time.NewTicker(300 * time.Millisecond)
 	defer tick.Stop()
@@ -83,14 +89,16 @@ func wait(ctx context.Context, ns, name, broker string) (string, error) {
 			return nil
 		}
 	}
-	// 1. Registered: the name server routes the default topic to broker.
+	// 1. Registered: the name server routes the default topic to broker
+	// (lists broker in the cluster, and routes the probe topic created on
+	// it, with create).
 	for {
-		addrs, err := remoting.MasterBrokers(ctx, []string{ns}, 2*time.Second, "TBW102")
+		addrs, err := registered(ctx, ns, name, broker, create)
 		if err == nil && slices.Contains(addrs, broker) {
 			break
 		}
 		if err == nil {
-			err = fmt.Errorf("name server routes TBW102 to %v, want %s", addrs, broker)
+			err = fmt.Errorf("name server routes %v, want %s", addrs, broker)
 		}
 		if err := pause(err); err != nil {
 			return "broker registered with the name server", err
@@ -130,4 +138,22 @@ func wait(ctx context.Context, ns, name, broker string) (string, error) {
 			return "a stored send", err
 		}
 	}
+}
+
+// registered returns the master brokers the name server routes the default
+// topic to; with create, it creates the probe topic on broker once the
+// name server lists broker in its cluster, and returns the probe topic's
+// masters.
+func registered(ctx context.Context, ns, name, broker string, create bool) ([]string, error) {
+	if !create {
+		return remoting.MasterBrokers(ctx, []string{ns}, 2*time.Second, "TBW102")
+	}
+	masters, err := remoting.ClusterMasters(ctx, []string{ns}, 2*time.Second)
+	if err != nil || !slices.Contains(masters, broker) {
+		return masters, err
+	}
+	if err := remoting.CreateTopic(ctx, broker, 2*time.Second, probeTopic(name), 1); err != nil {
+		return nil, err
+	}
+	return remoting.MasterBrokers(ctx, []string{ns}, 2*time.Second, probeTopic(name))
 }

@@ -1,0 +1,4 @@
+package replay
+
+// ReplayMessage builds the message a replay sends (replayMessage).
+var ReplayMessage = replayMessage

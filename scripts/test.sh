@@ -14,8 +14,13 @@
 #             txproducer, checkback, consumer and outbox, and the crash
 #             matrix. Not under -race: the upstream client's own data races
 #             (third_party/rocketmq-client-go/PATCHES.md) would fail it
-#             whatever rmqtx does. RMQTX_UPSTREAM_MODFILE names a view to use
-#             as it is instead of generating one.
+#             whatever rmqtx does. Its go test runs are checked by testguard
+#             too: the -short run must report every listed test, and the
+#             real-broker and crash runs must run and pass what the names
+#             file's views "upstream" and "upstream-crash" list, so a -run
+#             or -skip pattern that matches less fails the run.
+#             RMQTX_UPSTREAM_MODFILE names a view to use as it is instead of
+#             generating one.
 #
 # Network isolation (RMQTX_NETNS): by default, when this runs as root and
 # `unshare` is available, the services and the tests run inside a private
@@ -47,11 +52,13 @@ RUN_DIR=${RMQTX_RUN_DIR:-.run}
 LOG=$RUN_DIR/go-test.log
 JSON=$RUN_DIR/go-test.json
 # testguard reads go test's -json stream and fails a run that did not run
-# the proof: a skipped test, a suite below its minimum count in
-# scripts/test-expect.txt (or absent), a test that must never run in CI
-# (TestFailpointsNotCompiled: the failpoints tag was missing). It is built
-# with the real go, whatever RMQTX_GO says.
+# the proof, by name: a test listed in scripts/test-names.txt that did not
+# run and pass, a test that ran but is not listed, a test run on one of the
+# two databases only, a skipped test, a test that must never run in CI
+# (scripts/test-expect.txt: TestFailpointsNotCompiled, the failpoints tag
+# was missing). It is built with the real go, whatever RMQTX_GO says.
 EXPECT=${RMQTX_TEST_EXPECT:-$PWD/scripts/test-expect.txt}
+NAMES=${RMQTX_TEST_NAMES:-$PWD/scripts/test-names.txt}
 TESTGUARD=${RMQTX_TESTGUARD:-}
 # The services and the fuzz step, replaceable by internal/testscript only.
 SERVICES=${RMQTX_SERVICES:-bash scripts/services.sh}
@@ -61,6 +68,8 @@ UPSTREAM_MOD=${RMQTX_UPSTREAM_MODFILE:-$PWD/.run/upstream/go.mod}
 # The one test the upstream build leaves out: it proves patch 2 (the check
 # goroutine ends at Shutdown), which upstream lacks. What upstream leaves
 # behind is measured instead by TestLifecycleLeak, which runs in both builds.
+# The names file's view "upstream" leaves it out too, so testguard fails the
+# upstream run if it runs, and if any other test of the four packages does not.
 UPSTREAM_SKIP='^TestShutdownStopsCheckLoop$'
 
 # use_tmpdir gives the fault and cluster suites, which write their summaries
@@ -107,10 +116,11 @@ patched_tests() {
   use_tmpdir
   for suite in faultsuite clustersuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
   # The -json stream is kept whole in $JSON; testguard prints what a plain
-  # go test would (into $LOG too), then checks the run against $EXPECT.
+  # go test would (into $LOG too), then checks the run against $NAMES and
+  # $EXPECT.
   # shellcheck disable=SC2086
   "$GO" test -json -race -tags failpoints -count=1 -timeout 45m ${RMQTX_TEST_ARGS:-} ./... 2>&1 | tee "$JSON" |
-    "$TESTGUARD" -echo -expect "$EXPECT" | tee "$LOG" || rc=$?
+    "$TESTGUARD" -echo -expect "$EXPECT" -names "$NAMES" | tee "$LOG" || rc=$?
   summaries patched
   return $rc
 }
@@ -126,23 +136,41 @@ upstream_step() {
   return $rc
 }
 
+# upstream_test runs one go test of the upstream build with -json, kept in
+# $RUN_DIR/go-test-upstream.json; testguard prints what a plain go test
+# would (into the log too) and checks the stream with its first argument
+# (-short, or -view=<a view of the names file>). It fails when go test or
+# testguard fails.
+upstream_test() {
+  local guard=$1 rc=0 start=$SECONDS
+  shift
+  echo "== upstream client: go test $* (testguard $guard)"
+  GOFLAGS="-modfile=$UPSTREAM_MOD${GOFLAGS:+ $GOFLAGS}" "$GO" test -json "$@" 2>&1 | tee -a "$RUN_DIR/go-test-upstream.json" |
+    "$TESTGUARD" -echo -expect "$EXPECT" -names "$NAMES" "$guard" | tee -a "$RUN_DIR/go-test-upstream.log" || rc=$?
+  echo "== upstream client: exit $rc after $((SECONDS - start)) s"
+  return $rc
+}
+
 # upstream_tests builds and tests the user's build; the first failing step
 # ends it with that step's exit status.
 upstream_tests() {
   local mod=-modfile=$UPSTREAM_MOD start=$SECONDS
   mkdir -p "$RUN_DIR"
+  testguard_bin
   : >"$RUN_DIR/go-test-upstream.log"
+  : >"$RUN_DIR/go-test-upstream.json"
   use_tmpdir
   rm -f "$TMPDIR/rmqtx-faultsuite-summary.txt"
   echo "== upstream client: $(sed -n 's/^module *//p; s/^version *//p' third_party/rocketmq-client-go/UPSTREAM | paste -sd@), view $UPSTREAM_MOD, no -race"
   upstream_step build "$mod" ./... || return
   upstream_step vet "$mod" -tags failpoints ./... || return
-  upstream_step test "$mod" -short -tags failpoints -count=1 ./... || return
+  upstream_test -short "$mod" -short -tags failpoints -count=1 ./... || return
   # shellcheck disable=SC2086
-  upstream_step test "$mod" -tags failpoints -count=1 -timeout 30m -skip "$UPSTREAM_SKIP" ${RMQTX_TEST_ARGS:-} \
+  upstream_test -view=upstream "$mod" -tags failpoints -count=1 -timeout 30m -skip "$UPSTREAM_SKIP" ${RMQTX_TEST_ARGS:-} \
     ./txproducer/ ./checkback/ ./consumer/ ./outbox/ || return
   # shellcheck disable=SC2086
-  upstream_step test "$mod" -tags failpoints -count=1 -timeout 30m -run '^TestCrashMatrix$' ${RMQTX_TEST_ARGS:-} ./faultsuite/ || return
+  upstream_test -view=upstream-crash "$mod" -tags failpoints -count=1 -timeout 30m -run '^TestCrashMatrix$' ${RMQTX_TEST_ARGS:-} \
+    ./faultsuite/ || return
   summaries upstream
   echo "== upstream client: passed in $((SECONDS - start)) s"
 }

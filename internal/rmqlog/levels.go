@@ -24,15 +24,14 @@ type leveller func(client logrus.Level, fields map[string]interface{}) logrus.Le
 var known = map[string]leveller{
 	// producer.SendMessageInTransaction, after the local transaction: the
 	// listener answered anything but COMMIT. ROLLBACK is an ordinary
-	// outcome (the caller's function failed, or a duplicate id); UNKNOWN
-	// means rmqtx could not learn its own commit's outcome, which rmqtx
-	// reports as an error of its own, so the client's copy is a warning.
+	// outcome (the caller's function failed, or a duplicate id). UNKNOWN is
+	// what txproducer answers for every commit it ends itself (a keyed
+	// Send, see txproducer's endsync.go), and otherwise means rmqtx could
+	// not learn or persist its own outcome, which it logs itself.
 	"executeLocalTransaction but state unexpected": func(client logrus.Level, f map[string]interface{}) logrus.Level {
 		switch localState(f["localState"]) {
-		case primitive.RollbackMessageState:
+		case primitive.RollbackMessageState, primitive.UnkonwnState:
 			return logrus.DebugLevel
-		case primitive.UnkonwnState:
-			return logrus.WarnLevel
 		}
 		return client
 	},

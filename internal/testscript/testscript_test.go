@@ -15,12 +15,16 @@ import (
 
 // A run of scripts/test.sh --suite, the path `make test` takes after its
 // installs and its network isolation (inner): stub services and fuzzing, and
-// a fake go that records its command lines and answers the patched build's
-// `go test -json` with a stream made for the case.
+// a fake go that records its command lines and answers each `go test -json`
+// with a stream made for the case.
 
-// fakeGo describes the fake go binary.
+// fakeGo describes the fake go binary. A stream left empty is a complete,
+// passing one for its step (runScript makes it).
 type fakeGo struct {
-	stream    string // what `go test -json` prints (the patched build)
+	stream    string // what the patched build's `go test -json` prints
+	short     string // ... the upstream build's -short run
+	broker    string // ... its real-broker run (testguard -view=upstream)
+	crash     string // ... its crash matrix run (-run ^TestCrashMatrix$, -view=upstream-crash)
 	code      int    // exit code of every command
 	failFirst bool   // the first command exits 1 whatever code says
 	upstream  *int   // exit code of the upstream build's commands (-modfile), when set
@@ -37,46 +41,46 @@ func root(t *testing.T) string {
 	return r
 }
 
-// expectRules reads scripts/test-expect.txt: the min rules in order, and the
-// forbidden test names.
-func expectRules(t *testing.T) (mins [][2]string, forbid []string) {
+// listed returns the tests that view of scripts/test-names.txt requires
+// ("": the whole suite), as testguard -list prints them, by package in
+// order.
+func listed(t *testing.T, guard, view string) (pkgs []string, tests map[string][]string) {
 	t.Helper()
-	f, err := os.Open(filepath.Join(root(t), "scripts", "test-expect.txt"))
-	require.NoError(t, err)
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+	cmd := exec.Command(guard, "-list", "-view", view, "-names", filepath.Join(root(t), "scripts", "test-names.txt"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "testguard -list -view %q: %s", view, stderr.String())
+	tests = map[string][]string{}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
-		line := sc.Text()
-		if i := strings.Index(line, "#"); i >= 0 {
-			line = line[:i]
+		f := strings.Fields(sc.Text())
+		require.Len(t, f, 2, sc.Text())
+		if tests[f[0]] == nil {
+			pkgs = append(pkgs, f[0])
 		}
-		fs := strings.Fields(line)
-		switch {
-		case len(fs) == 3 && fs[0] == "min":
-			mins = append(mins, [2]string{fs[1], fs[2]})
-		case len(fs) == 2 && fs[0] == "forbid":
-			forbid = append(forbid, fs[1])
-		}
+		tests[f[0]] = append(tests[f[0]], f[1])
 	}
-	require.NoError(t, sc.Err())
-	require.NotEmpty(t, mins, "test-expect.txt lists the suites a run must run")
-	require.NotEmpty(t, forbid)
-	return mins, forbid
+	require.NotEmpty(t, pkgs, "view %q lists tests", view)
+	return pkgs, tests
 }
 
-// stream writes a go test -json stream that meets every min rule, then
-// applies edit to its events (package, test, action) before writing.
-func stream(t *testing.T, edit func(ev [][3]string) [][3]string) string {
+// stream writes a go test -json stream in which every test that view of
+// the names file lists passes (and a crash test's child process returns at
+// once, as it does in the parent), then applies edit to its events
+// (package, test, action) before writing.
+func stream(t *testing.T, guard, view string, edit func(ev [][3]string) [][3]string) string {
 	t.Helper()
-	mins, _ := expectRules(t)
+	pkgs, tests := listed(t, guard, view)
 	var evs [][3]string
-	for _, m := range mins {
-		n, err := strconv.Atoi(m[1])
-		require.NoError(t, err)
-		for i := 0; i < n; i++ {
-			evs = append(evs, [3]string{m[0], "TestN" + strconv.Itoa(i), "pass"})
+	for _, pkg := range pkgs {
+		for _, test := range tests[pkg] {
+			evs = append(evs, [3]string{pkg, test, "pass"})
 		}
-		evs = append(evs, [3]string{m[0], "", "pass"})
+		if pkg == "txproducer" {
+			evs = append(evs, [3]string{pkg, "TestHelperProcess", "pass"})
+		}
+		evs = append(evs, [3]string{pkg, "", "pass"})
 	}
 	if edit != nil {
 		evs = edit(evs)
@@ -105,12 +109,17 @@ func testguard(t *testing.T) string {
 }
 
 // runScript runs `<script> --suite` with views (e.g. "patched upstream"),
-// a fake go and stubs. It returns the exit code, the output, and the fake
-// go's command lines.
-func runScript(t *testing.T, script, views string, f fakeGo) (int, string, []string) {
+// a fake go and stubs, and guard as testguard. It returns the exit code, the
+// output, and the fake go's command lines.
+func runScript(t *testing.T, guard, script, views string, f fakeGo) (int, string, []string) {
 	t.Helper()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Fatalf("bash is required: %v", err)
+	}
+	for p, view := range map[*string]string{&f.stream: "", &f.short: "", &f.broker: "upstream", &f.crash: "upstream-crash"} {
+		if *p == "" {
+			*p = stream(t, guard, view, nil)
+		}
 	}
 	dir := t.TempDir()
 	calls := filepath.Join(dir, "calls")
@@ -119,7 +128,15 @@ func runScript(t *testing.T, script, views string, f fakeGo) (int, string, []str
 	if f.failFirst {
 		sh += "n=$(wc -l <'" + calls + "'); if [ \"$n\" -eq 1 ]; then exit 1; fi\n"
 	}
-	sh += "case \" $* \" in *\" -json \"*) cat '" + f.stream + "';; esac\n"
+	sh += "args=\" $* \"\n" +
+		"if [[ $args == *\" -json \"* ]]; then\n" +
+		"  case $args in\n" +
+		"    *\" -modfile=\"*\" -short \"*) cat '" + f.short + "';;\n" +
+		"    *\" -modfile=\"*TestCrashMatrix*) cat '" + f.crash + "';;\n" +
+		"    *\" -modfile=\"*) cat '" + f.broker + "';;\n" +
+		"    *) cat '" + f.stream + "';;\n" +
+		"  esac\n" +
+		"fi\n"
 	if f.upstream != nil {
 		sh += "case \" $* \" in *\" -modfile=\"*) exit " + strconv.Itoa(*f.upstream) + ";; esac\n"
 	}
@@ -133,8 +150,9 @@ func runScript(t *testing.T, script, views string, f fakeGo) (int, string, []str
 	// A private run folder and TMPDIR: a real suite running beside this
 	// test never shares its logs or fault summaries.
 	cmd.Env = append(os.Environ(), "RMQTX_GO="+fake, "RMQTX_RUN_DIR="+dir, "TMPDIR="+dir, "RMQTX_TEST_ARGS=",
-		"RMQTX_UPSTREAM_MODFILE="+view, "RMQTX_VIEWS="+views, "RMQTX_TESTGUARD="+testguard(t),
+		"RMQTX_UPSTREAM_MODFILE="+view, "RMQTX_VIEWS="+views, "RMQTX_TESTGUARD="+guard,
 		"RMQTX_TEST_EXPECT="+filepath.Join(root(t), "scripts", "test-expect.txt"),
+		"RMQTX_TEST_NAMES="+filepath.Join(root(t), "scripts", "test-names.txt"),
 		"RMQTX_SERVICES=true", "RMQTX_FUZZ=true")
 	out, err := cmd.CombinedOutput()
 	rc := 0
@@ -186,11 +204,13 @@ func judge(rc int, calls []string, mustFail bool) []string {
 func script(t *testing.T) string { return filepath.Join(root(t), "scripts", "test.sh") }
 
 // The control: a complete, passing run passes, and both builds run, each
-// command once: the patched one under -race, then the upstream one.
+// command once: the patched one under -race, then the upstream one, whose
+// go test runs are checked by testguard as well.
 func TestPassingRunPasses(t *testing.T) {
-	rc, out, calls := runScript(t, script(t), "patched upstream", fakeGo{stream: stream(t, nil)})
+	g := testguard(t)
+	rc, out, calls := runScript(t, g, script(t), "patched upstream", fakeGo{})
 	require.Empty(t, judge(rc, calls, false), out)
-	require.Contains(t, out, "testguard: PASS")
+	require.Equal(t, 4, strings.Count(out, "testguard: PASS"), "the patched run and the upstream build's three go test runs:\n%s", out)
 	var upstream []string
 	for _, c := range calls {
 		if strings.Contains(c, "-modfile=") {
@@ -203,6 +223,9 @@ func TestPassingRunPasses(t *testing.T) {
 	}
 	require.True(t, strings.HasPrefix(upstream[0], "build "), upstream[0])
 	require.True(t, strings.HasPrefix(upstream[1], "vet "), upstream[1])
+	for _, c := range upstream[2:] {
+		require.True(t, strings.HasPrefix(c, "test -json "), "every upstream go test is read by testguard: %s", c)
+	}
 	require.Contains(t, strings.Join(upstream, "\n"), "./txproducer/ ./checkback/ ./consumer/ ./outbox/")
 	require.Contains(t, strings.Join(upstream, "\n"), "-run ^TestCrashMatrix$")
 }
@@ -211,38 +234,89 @@ func TestPassingRunPasses(t *testing.T) {
 // whatever the failure looks like (a ghost next to a client-only race, a
 // broker that did not come back, a race report).
 func TestFailureFailsTheRun(t *testing.T) {
-	rc, out, calls := runScript(t, script(t), "patched upstream", fakeGo{stream: stream(t, func(ev [][3]string) [][3]string {
+	g := testguard(t)
+	rc, out, calls := runScript(t, g, script(t), "patched upstream", fakeGo{stream: stream(t, g, "", func(ev [][3]string) [][3]string {
 		return append(ev, [3]string{"faultsuite", "TestCrashMatrix", "fail"}, [3]string{"faultsuite", "", "fail"})
 	}), code: 1})
 	require.Empty(t, judge(rc, calls, true), out)
 	require.Contains(t, out, "== FAIL")
 }
 
-// A run that did not run the proof fails although go test passed: a
-// skipped test (-short), a suite below its minimum (-run, a missing
-// package), the failpoints tag missing.
-func TestShortfallsFailTheRun(t *testing.T) {
-	for name, edit := range map[string]func(ev [][3]string) [][3]string{
-		"a skipped test": func(ev [][3]string) [][3]string {
-			return append(ev, [3]string{"txproducer", "TestSkipped", "skip"})
-		},
-		"a suite that did not run": func(ev [][3]string) [][3]string {
-			var out [][3]string
-			for _, e := range ev {
-				if e[0] != "faultsuite" {
-					out = append(out, e)
-				}
+// drop removes the events of one package (test "") or of one test.
+func drop(pkg, test string) func(ev [][3]string) [][3]string {
+	return func(ev [][3]string) [][3]string {
+		var out [][3]string
+		for _, e := range ev {
+			if e[0] != pkg || test != "" && e[1] != test {
+				out = append(out, e)
 			}
-			return out
-		},
-		"the failpoints tag missing": func(ev [][3]string) [][3]string {
+		}
+		return out
+	}
+}
+
+// A run that did not run the proof fails although go test passed, and
+// testguard names what is missing: a skipped test (-short), a listed test
+// or a suite that did not run (-run, a missing package), a test on one
+// database only, a test the list does not know, the failpoints tag missing.
+func TestShortfallsFailTheRun(t *testing.T) {
+	g := testguard(t)
+	for name, tc := range map[string]struct {
+		edit func(ev [][3]string) [][3]string
+		want string
+	}{
+		"a skipped test": {func(ev [][3]string) [][3]string {
+			return append(drop("txproducer", "TestCommits")(ev), [3]string{"txproducer", "TestCommits", "skip"})
+		}, "txproducer: TestCommits was skipped"},
+		"a suite that did not run": {drop("faultsuite", ""), "faultsuite: TestCrashMatrix did not run"},
+		"one test that did not run": {drop("clustersuite", "TestBrokerKilledUnderLoad"),
+			"clustersuite: TestBrokerKilledUnderLoad did not run"},
+		"a test on one database only": {func(ev [][3]string) [][3]string {
+			return append(ev, [3]string{"schema", "TestMigrateComponents/mysql", "pass"})
+		}, "schema: TestMigrateComponents must pass on both databases: postgres did not run"},
+		"a test the list does not know": {func(ev [][3]string) [][3]string {
+			return append(ev, [3]string{"txproducer", "TestUnlisted", "pass"})
+		}, "txproducer: ran TestUnlisted, which the names file does not list"},
+		"the failpoints tag missing": {func(ev [][3]string) [][3]string {
 			return append(ev, [3]string{"faultsuite", "TestFailpointsNotCompiled", "pass"})
-		},
+		}, "faultsuite: ran TestFailpointsNotCompiled, which must never run here"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			rc, out, calls := runScript(t, script(t), "patched", fakeGo{stream: stream(t, edit)})
+			rc, out, calls := runScript(t, g, script(t), "patched", fakeGo{stream: stream(t, g, "", tc.edit)})
 			require.Empty(t, judge(rc, calls, true), out)
-			require.Contains(t, out, "testguard: FAIL")
+			require.Contains(t, out, "testguard: FAIL: "+tc.want)
+		})
+	}
+}
+
+// The upstream build's go test runs are held to their views of the names
+// file: a -run pattern that matches nothing, a test left out or let in, a
+// package missing from the -short run each fail the run although go test
+// passed.
+func TestUpstreamShortfallsFailTheRun(t *testing.T) {
+	g := testguard(t)
+	empty := stream(t, g, "upstream-crash", drop("faultsuite", "TestCrashMatrix"))
+	for name, tc := range map[string]struct {
+		script string
+		f      fakeGo
+		want   string
+	}{
+		"a -run pattern that matches nothing": {script(t), fakeGo{crash: empty}, "faultsuite: TestCrashMatrix did not run"},
+		"a -run pattern with a typo": {plant(t, "-run '^TestCrashMatrix$'", "-run '^TestCrashMatrx$'"), fakeGo{},
+			"faultsuite: TestCrashMatrix did not run"},
+		"a package left out": {script(t), fakeGo{broker: stream(t, g, "upstream", drop("checkback", ""))},
+			"checkback: TestCheckFromMessage did not run"},
+		"the test upstream leaves out ran": {script(t), fakeGo{broker: stream(t, g, "upstream", func(ev [][3]string) [][3]string {
+			return append(ev, [3]string{"txproducer", "TestShutdownStopsCheckLoop", "pass"})
+		})}, "txproducer: ran TestShutdownStopsCheckLoop, which view upstream leaves out"},
+		"a package missing from the -short run": {script(t), fakeGo{short: stream(t, g, "", drop("wire", ""))},
+			"wire: TestRoundTrip did not run"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc, out, calls := runScript(t, g, tc.script, "patched upstream", tc.f)
+			require.Empty(t, judge(rc, calls, true), out)
+			require.Contains(t, out, "testguard: FAIL: "+tc.want)
+			require.Contains(t, out, "== FAIL")
 		})
 	}
 }
@@ -251,7 +325,7 @@ func TestShortfallsFailTheRun(t *testing.T) {
 // passed, and ends it.
 func TestUpstreamFailureFailsTheRun(t *testing.T) {
 	one := 1
-	rc, out, calls := runScript(t, script(t), "patched upstream", fakeGo{stream: stream(t, nil), upstream: &one})
+	rc, out, calls := runScript(t, testguard(t), script(t), "patched upstream", fakeGo{upstream: &one})
 	require.Empty(t, judge(rc, calls, true), out)
 	require.Len(t, calls, 2, "the patched go test, then the upstream build that failed: %q", calls)
 	require.Contains(t, calls[1], "build -modfile=")
@@ -280,30 +354,28 @@ func plant(t *testing.T, old, new string) string {
 // Each planted fault in the script is caught: judge reports it, so a change
 // that would let a run skip the proof cannot pass this package.
 func TestPlantedFaultsAreCaught(t *testing.T) {
-	good := stream(t, nil)
-	noFault := stream(t, func(ev [][3]string) [][3]string {
-		var out [][3]string
-		for _, e := range ev {
-			if e[0] != "faultsuite" {
-				out = append(out, e)
-			}
-		}
-		return out
-	})
+	g := testguard(t)
+	good := stream(t, g, "", nil)
+	noFault := stream(t, g, "", drop("faultsuite", ""))
+	noCrash := stream(t, g, "upstream-crash", drop("faultsuite", "TestCrashMatrix"))
 	for name, tc := range map[string]struct {
 		old, new string
+		views    string
 		f        fakeGo
 		mustFail bool
 	}{
-		"a retry in inner": {"  go_tests || rc=$?\n", "  go_tests || go_tests || rc=$?\n",
+		"a retry in inner": {"  go_tests || rc=$?\n", "  go_tests || go_tests || rc=$?\n", "patched",
 			fakeGo{stream: good, failFirst: true}, true},
-		"-short": {"-count=1 -timeout 45m", "-count=1 -short -timeout 45m", fakeGo{stream: good}, false},
-		"the failpoints tag missing": {"test -json -race -tags failpoints -count=1", "test -json -race -count=1",
+		"-short": {"-count=1 -timeout 45m", "-count=1 -short -timeout 45m", "patched", fakeGo{stream: good}, false},
+		"the failpoints tag missing": {"test -json -race -tags failpoints -count=1", "test -json -race -count=1", "patched",
 			fakeGo{stream: good}, false},
-		"the guard removed": {`"$TESTGUARD" -echo -expect "$EXPECT"`, "cat", fakeGo{stream: noFault}, true},
+		"the guard removed": {`"$TESTGUARD" -echo -expect "$EXPECT" -names "$NAMES" | tee "$LOG"`, `cat | tee "$LOG"`, "patched",
+			fakeGo{stream: noFault}, true},
+		"the upstream guard removed": {`"$TESTGUARD" -echo -expect "$EXPECT" -names "$NAMES" "$guard"`, "cat", "patched upstream",
+			fakeGo{crash: noCrash}, true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			rc, out, calls := runScript(t, plant(t, tc.old, tc.new), "patched", tc.f)
+			rc, out, calls := runScript(t, g, plant(t, tc.old, tc.new), tc.views, tc.f)
 			require.NotEmpty(t, judge(rc, calls, tc.mustFail), "the plant went unnoticed:\n%s", out)
 		})
 	}

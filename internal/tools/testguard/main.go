@@ -1,220 +1,99 @@
 // Command testguard reads the `go test -json` stream of a suite run and
-// fails when the run did not run the proof: a test was skipped, a package
-// listed in the expectations file ran fewer passing tests than its minimum
-// (or did not run at all), or a test that must never run in CI ran (such as
-// TestFailpointsNotCompiled, which means the failpoints tag was missing). A
-// green `go test` alone says only that nothing failed; testguard says that
-// what had to run, ran.
+// fails when the run did not run the proof. A green `go test` alone says
+// only that nothing failed; testguard says that what had to run, ran, by
+// name:
+//
+//   - every test listed in the names file (scripts/test-names.txt) for the
+//     view being checked ran and passed, and no test ran that it does not
+//     list, so the list cannot go stale;
+//   - every test that ran subtests named mysql or postgres (testenv.EachDB)
+//     passed both, unless a one-db rule of the names file says why not;
+//   - nothing was skipped, and no test passed with all its subtests
+//     skipped;
+//   - no test ran that must never run (a forbid rule of the expectations
+//     file: TestFailpointsNotCompiled means the failpoints tag was missing).
+//
+// A -short run (the upstream build's unit step) may skip listed tests but
+// must still report each one, and is not held to the database rule, which
+// -short turns off.
 //
 // Usage:
 //
-//	testguard -expect scripts/test-expect.txt -json .run/go-test.json [-module github.com/rmqtx/rmqtx]
+//	testguard [-echo] [-short] [-view NAME] -expect scripts/test-expect.txt -names scripts/test-names.txt [-json FILE]
+//	testguard -write-names scripts/test-names.txt
+//	testguard -list [-view NAME]   (the tests the view requires)
 //
-// The expectations file has one rule per line ('#' starts a comment):
+// -write-names rewrites the names file from the test sources of `go list
+// -tags failpoints ./...` (run it at the module root), keeping its
+// hand-kept rules; the file's header describes them. The expectations file
+// has one rule per line ('#' starts a comment):
 //
-//	min <package> <n>     at least n top-level tests of <package> passed
 //	forbid <TestName>     no package may run a test of that name
-//	allow-skip <package>  skips are allowed in <package> (none by default)
+//	allow-skip <package>  subtests of <package> may skip (a listed test must still pass)
+//	min <package> <n>     obsolete (a count of passing tests); accepted and ignored
 //
 // <package> is relative to the module ("txproducer", "internal/testenv").
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 )
 
-// event is one line of `go test -json` (cmd/test2json).
-type event struct {
-	Action  string
-	Package string
-	Test    string
-	Output  string
-}
-
-// rules are the expectations of a run.
-type rules struct {
-	min        map[string]int
-	forbid     map[string]bool
-	allowSkip  map[string]bool
-	minPkgs    []string
-	lineErrors []string
-}
-
-func parseRules(r io.Reader) rules {
-	ru := rules{min: map[string]int{}, forbid: map[string]bool{}, allowSkip: map[string]bool{}}
-	sc := bufio.NewScanner(r)
-	n := 0
-	for sc.Scan() {
-		n++
-		line := strings.TrimSpace(sc.Text())
-		if i := strings.Index(line, "#"); i >= 0 {
-			line = strings.TrimSpace(line[:i])
-		}
-		if line == "" {
-			continue
-		}
-		f := strings.Fields(line)
-		switch {
-		case f[0] == "min" && len(f) == 3:
-			v, err := strconv.Atoi(f[2])
-			if err != nil || v < 1 {
-				ru.lineErrors = append(ru.lineErrors, fmt.Sprintf("line %d: min wants a positive count: %q", n, line))
-				continue
-			}
-			ru.min[f[1]] = v
-			ru.minPkgs = append(ru.minPkgs, f[1])
-		case f[0] == "forbid" && len(f) == 2:
-			ru.forbid[f[1]] = true
-		case f[0] == "allow-skip" && len(f) == 2:
-			ru.allowSkip[f[1]] = true
-		default:
-			ru.lineErrors = append(ru.lineErrors, fmt.Sprintf("line %d: unknown rule %q", n, line))
-		}
-	}
-	return ru
-}
-
-// tally is what a run did, per package (relative to the module).
-type tally struct {
-	passed  map[string]int      // top-level tests passed
-	skipped map[string][]string // tests (and subtests) skipped
-	ran     map[string][]string // package -> tests that ran (any outcome), for forbid
-	failed  []string
-	pkgs    map[string]bool // packages that reported a result
-}
-
-// read tallies a `go test -json` stream. With echo set it also writes, as
-// the stream arrives, what a plain `go test` would print: every package's
-// own lines ("ok", "FAIL", build errors) and the output of each test that
-// fails; lines that are not JSON (a toolchain message) are echoed as they
-// are.
-func read(r io.Reader, module string, echo io.Writer) (tally, error) {
-	t := tally{passed: map[string]int{}, skipped: map[string][]string{}, ran: map[string][]string{}, pkgs: map[string]bool{}}
-	held := map[string][]string{} // package + test -> its output, until it ends
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		var e event
-		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
-			if echo != nil {
-				fmt.Fprintln(echo, string(line))
-			}
-			continue
-		}
-		pkg := strings.TrimPrefix(strings.TrimPrefix(e.Package, module), "/")
-		if pkg == "" {
-			pkg = "."
-		}
-		key := e.Package + "\x00" + e.Test
-		switch e.Action {
-		case "output", "build-output":
-			if echo != nil {
-				if e.Test == "" {
-					fmt.Fprint(echo, e.Output)
-				} else {
-					held[key] = append(held[key], e.Output)
-				}
-			}
-			continue
-		case "pass", "fail", "skip":
-		default:
-			continue
-		}
-		if echo != nil && e.Test != "" {
-			if e.Action == "fail" {
-				fmt.Fprint(echo, strings.Join(held[key], ""))
-			}
-			delete(held, key)
-		}
-		if e.Test == "" {
-			t.pkgs[pkg] = true
-			if e.Action == "fail" {
-				t.failed = append(t.failed, pkg)
-			}
-			continue
-		}
-		t.ran[pkg] = append(t.ran[pkg], e.Test)
-		switch e.Action {
-		case "pass":
-			if !strings.Contains(e.Test, "/") {
-				t.passed[pkg]++
-			}
-		case "skip":
-			t.skipped[pkg] = append(t.skipped[pkg], e.Test)
-		case "fail":
-			t.failed = append(t.failed, pkg+" "+e.Test)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return t, fmt.Errorf("testguard: reading the go test -json stream: %w", err)
-	}
-	return t, nil
-}
-
-// check returns every way the run falls short of the rules.
-func check(ru rules, t tally) []string {
-	problems := append([]string{}, ru.lineErrors...)
-	for _, f := range t.failed {
-		problems = append(problems, "failed: "+f)
-	}
-	for _, pkg := range ru.minPkgs {
-		if got := t.passed[pkg]; got < ru.min[pkg] {
-			if !t.pkgs[pkg] {
-				problems = append(problems, fmt.Sprintf("%s: did not run (want at least %d passing tests)", pkg, ru.min[pkg]))
-			} else {
-				problems = append(problems, fmt.Sprintf("%s: %d tests passed, want at least %d", pkg, got, ru.min[pkg]))
-			}
-		}
-	}
-	pkgs := make([]string, 0, len(t.skipped))
-	for pkg := range t.skipped {
-		pkgs = append(pkgs, pkg)
-	}
-	sort.Strings(pkgs)
-	for _, pkg := range pkgs {
-		if !ru.allowSkip[pkg] {
-			problems = append(problems, fmt.Sprintf("%s: skipped %s", pkg, strings.Join(t.skipped[pkg], ", ")))
-		}
-	}
-	for pkg, tests := range t.ran {
-		for _, name := range tests {
-			if ru.forbid[name] {
-				problems = append(problems, fmt.Sprintf("%s: ran %s, which must never run here", pkg, name))
-			}
-		}
-	}
-	sort.Strings(problems)
-	return problems
-}
-
 func main() {
 	expect := flag.String("expect", "scripts/test-expect.txt", "expectations file")
+	namesFile := flag.String("names", "scripts/test-names.txt", "names file: the tests a run must run and pass")
+	view := flag.String("view", "", "check the names file's view `NAME` (its select rules) instead of every listed test")
+	short := flag.Bool("short", false, "the run used -short: listed tests may skip, but each must be reported")
 	js := flag.String("json", "", "go test -json output (default stdin)")
 	module := flag.String("module", "github.com/rmqtx/rmqtx", "module path, stripped from package names")
 	echo := flag.Bool("echo", false, "print what a plain go test would (package lines, failing tests' output) while reading")
+	write := flag.String("write-names", "", "rewrite `FILE` from the module's test sources and exit")
+	tags := flag.String("tags", "failpoints", "build tags for -write-names (those make test uses)")
+	list := flag.Bool("list", false, "print the tests the view requires, one \"<package> <test>\" a line, and exit")
 	flag.Parse()
-	rf, err := os.Open(*expect)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "testguard:", err)
-		os.Exit(2)
+	if *write != "" {
+		if err := writeNames(*write, *module, *tags); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
 	}
-	ru := parseRules(rf)
-	_ = rf.Close()
+	nm, err := readFile(*namesFile, func(r io.Reader) names { return parseNames(r) })
+	if err != nil {
+		fail(err)
+	}
+	if *list {
+		if len(nm.lineErrors) > 0 {
+			fail(fmt.Errorf("%s: %s", *namesFile, strings.Join(nm.lineErrors, "; ")))
+		}
+		want, _, err := nm.expected(*view)
+		if err != nil {
+			fail(err)
+		}
+		refs := make([]string, 0, len(want))
+		for r := range want {
+			refs = append(refs, r.String())
+		}
+		sort.Strings(refs)
+		for _, r := range refs {
+			fmt.Println(r)
+		}
+		return
+	}
+	ex, err := readFile(*expect, func(r io.Reader) expectRules { return parseExpect(r) })
+	if err != nil {
+		fail(err)
+	}
 	in := io.Reader(os.Stdin)
 	if *js != "" {
 		f, err := os.Open(*js)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "testguard:", err)
-			os.Exit(2)
+			fail(err)
 		}
 		defer f.Close()
 		in = f
@@ -225,31 +104,46 @@ func main() {
 	}
 	t, err := read(in, *module, out)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		fail(err)
 	}
-	total := 0
-	for _, n := range t.passed {
-		total += n
+	rep := check(ex, nm, mode{view: *view, short: *short}, t)
+	name := "the whole suite"
+	if *view != "" {
+		name = "view " + *view
 	}
-	problems := check(ru, t)
-	for _, pkg := range ru.minPkgs {
-		fmt.Printf("testguard: %-28s %4d passed (min %d)\n", pkg, t.passed[pkg], ru.min[pkg])
+	if *short {
+		name += " (-short)"
 	}
-	fmt.Printf("testguard: %d packages, %d top-level tests passed, %d skipped\n", len(t.pkgs), total, countSkips(t))
-	if len(problems) > 0 {
-		for _, p := range problems {
+	fmt.Printf("testguard: %s: %d listed tests in %d packages; %d passed, %d skipped; %d tests passed on both databases\n",
+		name, rep.want, len(t.pkgs), rep.passed, rep.skipped, rep.bothDBs)
+	if len(rep.problems) > 0 {
+		for _, p := range rep.problems {
 			fmt.Println("testguard: FAIL:", p)
 		}
 		os.Exit(1)
 	}
-	fmt.Println("testguard: PASS: every expected suite ran, nothing was skipped")
+	if *short {
+		fmt.Println("testguard: PASS: every listed test ran, none failed, no other test ran")
+		return
+	}
+	fmt.Println("testguard: PASS: every listed test ran and passed, nothing was skipped, no other test ran")
 }
 
-func countSkips(t tally) int {
-	n := 0
-	for _, s := range t.skipped {
-		n += len(s)
+func readFile[T any](name string, parse func(io.Reader) T) (T, error) {
+	var zero T
+	f, err := os.Open(name)
+	if err != nil {
+		return zero, err
 	}
-	return n
+	defer f.Close()
+	return parse(f), nil
+}
+
+func fail(err error) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "testguard:") {
+		msg = "testguard: " + msg
+	}
+	fmt.Fprintln(os.Stderr, msg)
+	os.Exit(2)
 }

@@ -1,17 +1,33 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-const rulesText = `# sample
-min txproducer 2
-min faultsuite 1
+const expectText = `# sample
 forbid TestFailpointsNotCompiled
 allow-skip internal/testenv
+min txproducer 2
+`
+
+const namesText = `# sample
+exclude * TestHelperProcess* a crash test's child process
+one-db schema TestMySQLOnly MariaDB's own syntax
+select upstream txproducer *
+unselect upstream txproducer TestB proves a patch upstream lacks
+select upstream-crash faultsuite TestCrash
+` + marker + `
+txproducer TestA
+txproducer TestB
+faultsuite TestCrash
+schema TestEachDB
+schema TestMySQLOnly
+internal/testenv TestOptional
 `
 
 func stream(lines ...string) string { return strings.Join(lines, "\n") + "\n" }
@@ -24,50 +40,169 @@ func ev(action, pkg, test string) string {
 	return s + "}"
 }
 
-func run(t *testing.T, js string) []string {
+func judge(t *testing.T, m mode, lines []string) report {
 	t.Helper()
-	ta, err := read(strings.NewReader(js), "github.com/rmqtx/rmqtx", nil)
+	ta, err := read(strings.NewReader(stream(lines...)), "github.com/rmqtx/rmqtx", nil)
 	require.NoError(t, err)
-	return check(parseRules(strings.NewReader(rulesText)), ta)
+	return check(parseExpect(strings.NewReader(expectText)), parseNames(strings.NewReader(namesText)), m, ta)
 }
 
+// good is a complete run of namesText's list: the helper process returns
+// at once in the parent, TestEachDB passes on both databases.
 var good = []string{
 	ev("run", "txproducer", "TestA"), ev("pass", "txproducer", "TestA"),
-	ev("pass", "txproducer", "TestB"), ev("pass", "txproducer", "TestB/sub"),
+	ev("pass", "txproducer", "TestB/sub"), ev("pass", "txproducer", "TestB"),
+	ev("pass", "txproducer", "TestHelperProcess"),
 	ev("pass", "txproducer", ""),
 	ev("pass", "faultsuite", "TestCrash"), ev("pass", "faultsuite", ""),
-	ev("skip", "internal/testenv", "TestOptional"), ev("pass", "internal/testenv", ""),
+	ev("pass", "schema", "TestEachDB/mysql"), ev("pass", "schema", "TestEachDB/postgres"), ev("pass", "schema", "TestEachDB"),
+	ev("pass", "schema", "TestMySQLOnly/mysql"), ev("pass", "schema", "TestMySQLOnly"), ev("pass", "schema", ""),
+	ev("pass", "internal/testenv", "TestOptional/a"), ev("skip", "internal/testenv", "TestOptional/b"),
+	ev("pass", "internal/testenv", "TestOptional"), ev("pass", "internal/testenv", ""),
 }
 
-func TestAGoodRunPasses(t *testing.T) {
-	require.Empty(t, run(t, stream(good...)))
+func with(extra ...string) []string { return append(append([]string{}, good...), extra...) }
+
+func without(drop ...string) []string {
+	var out []string
+	for _, l := range good {
+		keep := true
+		for _, d := range drop {
+			keep = keep && l != d
+		}
+		if keep {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
-// Each way a run can miss its proof fails it.
+func TestACompleteRunPasses(t *testing.T) {
+	rep := judge(t, mode{}, good)
+	require.Empty(t, rep.problems)
+	require.Equal(t, 6, rep.want)
+	require.Equal(t, 6, rep.passed)
+	require.Equal(t, 1, rep.bothDBs)
+}
+
+// Each way a run can miss its proof fails it, naming the test.
 func TestPlantedShortfallsFail(t *testing.T) {
 	for name, tc := range map[string]struct {
 		lines []string
 		want  string
 	}{
-		"a skipped test (-short)": {append(append([]string{}, good...), ev("skip", "txproducer", "TestC")), "skipped TestC"},
-		"too few tests (-run)": {[]string{ev("pass", "txproducer", "TestA"), ev("pass", "txproducer", ""),
-			ev("pass", "faultsuite", "TestCrash"), ev("pass", "faultsuite", "")}, "1 tests passed, want at least 2"},
-		"a suite that never ran": {good[:5], "faultsuite: did not run"},
-		"the failpoints tag missing": {append(append([]string{}, good...), ev("pass", "faultsuite", "TestFailpointsNotCompiled")),
-			"ran TestFailpointsNotCompiled"},
-		"a failed test": {append(append([]string{}, good...), ev("fail", "txproducer", "TestD")), "failed: txproducer TestD"},
+		"a listed test missing (-run)": {without(ev("pass", "faultsuite", "TestCrash")),
+			"faultsuite: TestCrash did not run; it is listed"},
+		"a package missing": {without(ev("pass", "txproducer", "TestA"), ev("run", "txproducer", "TestA")),
+			"txproducer: TestA did not run"},
+		"the postgres half missing": {without(ev("pass", "schema", "TestEachDB/postgres")),
+			"schema: TestEachDB must pass on both databases: postgres did not run"},
+		"the mysql half skipped": {append(without(ev("pass", "schema", "TestEachDB/mysql")), ev("skip", "schema", "TestEachDB/mysql")),
+			"schema: TestEachDB must pass on both databases: mysql was skipped"},
+		"a nested half missing": {with(ev("pass", "schema", "TestEachDB/case/mysql"), ev("pass", "schema", "TestEachDB/case")),
+			"schema: TestEachDB/case must pass on both databases: postgres did not run"},
+		"an unlisted test": {with(ev("pass", "txproducer", "TestNew")),
+			"txproducer: ran TestNew, which the names file does not list (regenerate it: " + regenerate + ")"},
+		"an unlisted package": {with(ev("pass", "newpkg", "TestNew"), ev("pass", "newpkg", "")),
+			"newpkg: ran TestNew, which the names file does not list"},
+		"a listed test skipped (-short)": {append(without(ev("pass", "txproducer", "TestA")), ev("skip", "txproducer", "TestA")),
+			"txproducer: TestA was skipped; it is listed and must run and pass"},
+		"a subtest skipped": {with(ev("skip", "txproducer", "TestA/sub")), "txproducer: skipped TestA/sub"},
+		"every subtest skipped": {with(ev("skip", "internal/testenv", "TestOptional/a")),
+			"internal/testenv: TestOptional passed, but every one of its 2 subtests was skipped"},
+		"the failpoints tag missing": {with(ev("pass", "faultsuite", "TestFailpointsNotCompiled")),
+			"faultsuite: ran TestFailpointsNotCompiled, which must never run here"},
+		"a failed test":    {with(ev("fail", "txproducer", "TestD")), "failed: txproducer TestD"},
+		"a failed package": {with(ev("fail", "wire", "")), "failed: wire"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			problems := run(t, stream(tc.lines...))
-			require.NotEmpty(t, problems)
+			problems := judge(t, mode{}, tc.lines).problems
 			require.Contains(t, strings.Join(problems, "\n"), tc.want)
 		})
 	}
 }
 
+// The crash tests' child processes return at once in the parent: they are
+// neither required nor counted, nor reported as unlisted.
+func TestChildProcessesAreIgnored(t *testing.T) {
+	rep := judge(t, mode{}, without(ev("pass", "txproducer", "TestHelperProcess")))
+	require.Empty(t, rep.problems)
+	rep = judge(t, mode{}, with(ev("pass", "faultsuite", "TestHelperProcessFault")))
+	require.Empty(t, rep.problems)
+	require.Equal(t, 6, rep.passed)
+}
+
+// A view requires what its select rules take and nothing else.
+func TestViews(t *testing.T) {
+	up := []string{
+		ev("pass", "txproducer", "TestA"), ev("pass", "txproducer", "TestHelperProcess"), ev("pass", "txproducer", ""),
+	}
+	rep := judge(t, mode{view: "upstream"}, up)
+	require.Empty(t, rep.problems)
+	require.Equal(t, 1, rep.want)
+
+	for name, tc := range map[string]struct {
+		view  string
+		lines []string
+		want  string
+	}{
+		"a -run pattern that matches nothing": {"upstream-crash", []string{ev("pass", "faultsuite", "")},
+			"faultsuite: TestCrash did not run"},
+		"the test the view leaves out": {"upstream", append(up, ev("pass", "txproducer", "TestB")),
+			"txproducer: ran TestB, which view upstream leaves out (proves a patch upstream lacks)"},
+		"a listed test of another package": {"upstream", append(up, ev("pass", "faultsuite", "TestCrash")),
+			"faultsuite: ran TestCrash, which view upstream does not list"},
+		"a view without rules": {"nosuch", up, `no select rule for view "nosuch"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			problems := judge(t, mode{view: tc.view}, tc.lines).problems
+			require.Contains(t, strings.Join(problems, "\n"), tc.want)
+		})
+	}
+}
+
+// A -short run may skip listed tests and database halves, but must report
+// every listed test.
+func TestShortRun(t *testing.T) {
+	short := []string{
+		ev("pass", "txproducer", "TestA"), ev("skip", "txproducer", "TestB"), ev("pass", "txproducer", ""),
+		ev("skip", "faultsuite", "TestCrash"), ev("pass", "faultsuite", ""),
+		ev("skip", "schema", "TestEachDB/mysql"), ev("skip", "schema", "TestEachDB/postgres"), ev("pass", "schema", "TestEachDB"),
+		ev("skip", "schema", "TestMySQLOnly"), ev("pass", "schema", ""),
+		ev("skip", "internal/testenv", "TestOptional"), ev("pass", "internal/testenv", ""),
+	}
+	rep := judge(t, mode{short: true}, short)
+	require.Empty(t, rep.problems)
+	require.Equal(t, 2, rep.passed)
+	require.Equal(t, 4, rep.skipped)
+	problems := judge(t, mode{short: true}, short[3:]).problems
+	require.Contains(t, strings.Join(problems, "\n"), "txproducer: TestA did not run")
+}
+
+// A one-db rule excuses the missing half of the test it names only.
+func TestOneDBRule(t *testing.T) {
+	require.Empty(t, judge(t, mode{}, good).problems, "TestMySQLOnly ran its mysql half only")
+	problems := judge(t, mode{}, with(ev("fail", "schema", "TestMySQLOnly/postgres"))).problems
+	require.Equal(t, []string{"failed: schema TestMySQLOnly/postgres"}, problems, "a failure is never excused")
+}
+
 func TestBadRulesAreReported(t *testing.T) {
-	ru := parseRules(strings.NewReader("min x zero\nnonsense\n"))
-	require.Len(t, ru.lineErrors, 2)
+	nm := parseNames(strings.NewReader(`nonsense rule here
+exclude * TestX
+one-db a TestGone its reason
+unselect v a TestGone its reason
+exclude a TestH* child
+a TestHelper
+a Testify
+`))
+	require.Len(t, nm.lineErrors, 6, "%q", nm.lineErrors)
+	all := strings.Join(nm.lineErrors, "\n")
+	for _, want := range []string{"line 1: unknown rule", "line 2: unknown rule", "one-db names a TestGone, which is not listed",
+		"unselect v names a TestGone, which is not listed", "a TestHelper is listed and excluded", "line 7: not a test name"} {
+		require.Contains(t, all, want)
+	}
+	ex := parseExpect(strings.NewReader("min x 3\nmin x zero\nbogus\n"))
+	require.Equal(t, []string{`expect line 3: unknown rule "bogus"`}, ex.lineErrors, "min lines are obsolete and ignored")
 }
 
 // -echo prints what a plain go test prints: package lines and the output of
@@ -87,4 +222,101 @@ func TestEchoShowsWhatGoTestShows(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "boom\n# a toolchain line\nFAIL\tgithub.com/rmqtx/rmqtx/x\n", b.String())
 	require.Contains(t, ta.failed, "x TestBad")
+}
+
+// testsInFile finds what go test runs, and only that.
+func TestTestsInFile(t *testing.T) {
+	src := `package p
+
+import "testing"
+
+func TestMain(m *testing.M) {}
+func TestA(t *testing.T)    {}
+func Test(t *testing.T)     {}
+func Testify(t *testing.T)  {}
+func Test_b(t *testing.T)   {}
+func FuzzC(f *testing.F)    {}
+func BenchmarkD(b *testing.B) {}
+type s struct{}
+func (s) TestMethod(t *testing.T) {}
+
+func ExampleWithOutput() {
+	// Output: x
+}
+
+func ExampleNoOutput() {}
+`
+	p := filepath.Join(t.TempDir(), "p_test.go")
+	require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
+	got, err := testsInFile(p)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"TestA", "Test", "Test_b", "FuzzC", "ExampleWithOutput"}, got)
+}
+
+// -write-names keeps the hand-kept rules, applies the exclusions, and is
+// stable.
+func TestRenderKeepsRules(t *testing.T) {
+	tests := map[string][]string{"b": {"TestB", "TestHelperProcess"}, "a": {"ExampleA", "TestA"}}
+	hand := "# header\nexclude * TestHelperProcess* child\n"
+	out, listed, excluded := render([]byte(hand), tests)
+	require.Equal(t, hand+"\n"+marker+"\na ExampleA\na TestA\nb TestB\n", string(out))
+	require.Equal(t, 3, listed)
+	require.Equal(t, 1, excluded)
+	again, _, _ := render(out, tests)
+	require.Equal(t, string(out), string(again))
+	nm := parseNames(strings.NewReader(string(out)))
+	require.Empty(t, nm.lineErrors)
+	require.Len(t, nm.listed, 3)
+}
+
+// The committed list is the one -write-names makes of this tree: a test
+// added, renamed or removed without regenerating fails here (and the suite
+// run fails by name).
+func TestNamesListIsCurrent(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	require.NoError(t, err)
+	file := filepath.Join(root, "scripts", "test-names.txt")
+	old, err := os.ReadFile(file)
+	require.NoError(t, err)
+	tests, err := listTests(root, "github.com/rmqtx/rmqtx", "failpoints")
+	require.NoError(t, err)
+	got, _, _ := render(old, tests)
+	if stale := lineDiff(string(old), string(got)); len(stale) > 0 {
+		t.Fatalf("scripts/test-names.txt is stale (- listed, + in the sources); run: %s\n%s", regenerate, strings.Join(stale, "\n"))
+	}
+	require.True(t, string(old) == string(got), "scripts/test-names.txt is out of order; run: %s", regenerate)
+	nm := parseNames(strings.NewReader(string(old)))
+	require.Empty(t, nm.lineErrors)
+	for _, view := range []string{"", "upstream", "upstream-crash"} {
+		want, _, err := nm.expected(view)
+		require.NoError(t, err, view)
+		require.NotEmpty(t, want, view)
+	}
+	ex, err := os.ReadFile(filepath.Join(root, "scripts", "test-expect.txt"))
+	require.NoError(t, err)
+	require.Empty(t, parseExpect(strings.NewReader(string(ex))).lineErrors)
+}
+
+// lineDiff returns the lines only in a ("-") or only in b ("+").
+func lineDiff(a, b string) []string {
+	in := func(s string) map[string]bool {
+		m := map[string]bool{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l] = true
+		}
+		return m
+	}
+	ma, mb := in(a), in(b)
+	var d []string
+	for _, l := range strings.Split(a, "\n") {
+		if !mb[l] {
+			d = append(d, "- "+l)
+		}
+	}
+	for _, l := range strings.Split(b, "\n") {
+		if !ma[l] {
+			d = append(d, "+ "+l)
+		}
+	}
+	return d
 }

@@ -49,7 +49,7 @@ type Producer struct {
 	log      *txlog.Store
 	checker  *checkback.Checker
 	recovery *discard.Recovery
-	ender    *ender // ends keyed commits synchronously (endsync.go)
+	ender    *ender        // ends keyed commits synchronously (endsync.go)
 	tr       *otelx.Tracer // nil: tracing off
 
 	mu       sync.Mutex

@@ -426,8 +426,12 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	}
 	failpoint.Inject(failpoint.InsideLocalTx)
 	// fn gets c.ctx (which carries the local-transaction span when tracing
-	// is on), with the transaction's deadline.
-	ctx, cancel := context.WithDeadline(c.ctx, deadline)
+	// is on), with the transaction's deadline. It ends when the
+	// transaction's context does, never before: a function that waits for
+	// it and returns nil then meets a transaction that is already ended,
+	// and its COMMIT fails (two timers for one deadline could fire in
+	// either order, and the COMMIT then succeed past LocalTxTimeout).
+	ctx, cancel := txContext(c.ctx, c.txCtx, deadline)
 	defer cancel()
 	if err := callFn(ctx, c.fn, tx); err != nil {
 		_ = tx.Rollback()
@@ -440,6 +444,32 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	failpoint.Inject(failpoint.AfterLocalCommit)
 	c.state = StateCommitted
 	return primitive.CommitMessageState
+}
+
+// txContext is the context fn runs with: parent's values, tx's end (and
+// its cause), and deadline as its Deadline, which tx's timer enforces.
+func txContext(parent, tx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	stop := context.AfterFunc(tx, func() { cancel(context.Cause(tx)) })
+	return deadlineCtx{ctx, deadline}, func() { stop(); cancel(nil) }
+}
+
+// deadlineCtx reports a deadline that another context enforces.
+type deadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// Err is context.DeadlineExceeded when the deadline ended it, as for a
+// context.WithDeadline.
+func (c deadlineCtx) Err() error {
+	err := c.Context.Err()
+	if err != nil && errors.Is(context.Cause(c.Context), context.DeadlineExceeded) {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 // early is a Send's local transaction, begun while its half message is in

@@ -321,7 +321,13 @@ func (b *Bed) sendAs(ctx context.Context, p *txproducer.Producer, source string,
 	id := wire.NewEventID()
 	a := &Attempt{ID: id, Source: source, Rollback: rollback}
 	b.Record(a)
-	res, err := p.Send(ctx, b.Message(id), InsertOrder(id, source, rollback))
+	m := b.Message(id)
+	if source == "marker" {
+		// No routing key: the client's round robin puts one marker in
+		// every queue (Quiet), where a key would pick its queue by hash.
+		m.BusinessKey = ""
+	}
+	res, err := p.Send(ctx, m, InsertOrder(id, source, rollback))
 	b.mu.Lock()
 	a.State, a.Err, a.Answered = res.State, err, true
 	if err != nil && !(rollback && errors.Is(err, txproducer.ErrLocalTx)) {

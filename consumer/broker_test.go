@@ -352,6 +352,111 @@ func testOutOfOrderStrict(t *testing.T, db *sqlx.DB) {
 		aggs, versions, s.Applied, s.Gaps, gapsBefore, s.Retries, s.Stale, s.Parked)
 }
 
+// The ordered path with a version gap at the head of a key's line: the
+// events pulled behind it run (the missing version may be one of them)
+// instead of being handed back, so versions pulled newest first, and
+// redelivered newest first each time, apply one per delivery. A failure
+// that is not a gap still holds the later events of its key back.
+func TestOrderGapHoldsNothingBack(t *testing.T) {
+	t.Parallel()
+	eachDB(t, testOrderGapHoldsNothingBack)
+}
+
+func testOrderGapHoldsNothingBack(t *testing.T, db *sqlx.DB) {
+	ctx := context.Background()
+	failOnce := wire.NewEventID()
+	var failed atomic.Bool
+	p := newProc(t, db, func(c *ProcessorConfig) {
+		c.VersionMode = VersionStrict
+		c.DelayLevel = func(Class, int) int { return 1 }
+		c.Routes["Moved"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+			if ev.ID == failOnce && failed.CompareAndSwap(false, true) {
+				return Transient(fmt.Errorf("partner timeout"))
+			}
+			return effectHandler(ctx, tx, ev)
+		}}
+	})
+	s := newSequencer()
+	mq := primitive.MessageQueue{Topic: "t", BrokerName: "b", QueueId: 0}
+	var offset int64
+	var mu sync.Mutex
+	outs := map[string]Outcome{}
+	process := func(ctx context.Context, m Message) Outcome {
+		o := p.Process(ctx, m)
+		mu.Lock()
+		outs[m.Properties[wire.PropEventID]] = o
+		mu.Unlock()
+		return o
+	}
+	// deliver pulls envs as one batch of the queue and hands each to its
+	// own callback, as the push client does, concurrently.
+	deliver := func(envs []wire.Envelope) map[string]Outcome {
+		mu.Lock()
+		outs = map[string]Outcome{}
+		mu.Unlock()
+		exts := make([]*primitive.MessageExt, len(envs))
+		for i, e := range envs {
+			body := []byte(fmt.Sprintf("v%d", e.AggregateVersion))
+			m := &primitive.MessageExt{Message: primitive.Message{Topic: "t", Body: body}, QueueOffset: offset, MsgId: "m-" + e.EventID}
+			m.WithProperties(e.Properties(body))
+			offset++
+			exts[i] = m
+		}
+		s.register(mq, exts)
+		var wg sync.WaitGroup
+		for _, m := range exts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _ = consumeOrdered(ctx, s, process, nil, []*primitive.MessageExt{m})
+			}()
+		}
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return outs
+	}
+
+	// Newest first, and the retries come back newest first.
+	var pending []wire.Envelope
+	for v := int64(4); v >= 1; v-- {
+		pending = append(pending, aggEv(wire.NewEventID(), "gap-box", v))
+	}
+	for round := 1; len(pending) > 0; round++ {
+		require.LessOrEqual(t, round, 4, "one version applies per delivery; still pending: %d", len(pending))
+		got := deliver(pending)
+		var next []wire.Envelope
+		for _, e := range pending {
+			o, ran := got[e.EventID]
+			require.True(t, ran, "v%d was handed back unprocessed behind a gap", e.AggregateVersion)
+			if o.Result == ResultApplied {
+				continue
+			}
+			require.ErrorIs(t, o.Err, ErrVersionGap, "v%d", e.AggregateVersion)
+			next = append(next, e)
+		}
+		require.Len(t, next, len(pending)-1, "round %d applies exactly the next version", round)
+		pending = next
+	}
+	var got []int64
+	require.NoError(t, db.Select(&got, db.Rebind("SELECT version FROM effect WHERE agg_id = ? ORDER BY id"), "gap-box"))
+	require.Equal(t, []int64{1, 2, 3, 4}, got)
+	require.EqualValues(t, 3+2+1, p.Stats().Gaps)
+
+	// A failure that is not a gap: v1 fails (transient), v2 pulled behind
+	// it is held back unprocessed, then both apply in order on redelivery.
+	v1, v2 := aggEv(failOnce, "held-box", 1), aggEv(wire.NewEventID(), "held-box", 2)
+	got1 := deliver([]wire.Envelope{v1, v2})
+	require.Equal(t, ResultRetry, got1[v1.EventID].Result)
+	require.NotErrorIs(t, got1[v1.EventID].Err, ErrVersionGap)
+	_, ran := got1[v2.EventID]
+	require.False(t, ran, "v2 is held back behind the failed v1, not processed")
+	got2 := deliver([]wire.Envelope{v1, v2})
+	require.Equal(t, ResultApplied, got2[v1.EventID].Result)
+	require.Equal(t, ResultApplied, got2[v2.EventID].Result)
+	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM effect WHERE agg_id = ? AND version = 2", "held-box"))
+}
+
 // countingResender records which event ids were re-sent by the batch path.
 type countingResender struct {
 	next resender

@@ -101,7 +101,9 @@
 // "Queue routing"). A batch transaction holds at most one event per key
 // (the rest run in following transactions of the same delivery). An event
 // whose earlier event of the same key is being retried is handed back
-// behind it, unprocessed. See serialize.go for the limits.
+// behind it, unprocessed. A strict version gap holds nothing back: the
+// events behind it run, since the version it waits for may be one of them.
+// See serialize.go for the limits.
 //
 // Every statement of the package is prepared once per pooled connection
 // (internal/stmtcache), so each costs one round trip with any DSN.

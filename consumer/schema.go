@@ -67,7 +67,8 @@ func Tables(prefix string) (TableNames, error) {
 	return TableNames{ConsumeLog: t.log, AggregateVersion: t.version, Attempt: t.attempt, DeadLetter: t.dead}, nil
 }
 
-// ConsumeLogRow is a consume-log (dedup) row as ConsumeLogByEvent reads it.
+// ConsumeLogRow is a consume-log (dedup) row as TableNames.ConsumeLogByEvent
+// (from Tables(prefix)) reads it.
 type ConsumeLogRow struct {
 	ConsumerGroup   string    `db:"consumer_group" json:"consumer_group"`
 	EventType       string    `db:"event_type" json:"event_type"`

@@ -32,7 +32,15 @@ import (
 // unprocessed, and arrive in the retry queue after it. A held-back event
 // counts no attempt of its own, but its redelivery counts toward the
 // broker's MaxReconsumeTimes backstop. So in-order delivery stays in order under failures
-// this consumer sees. What it cannot hold is an event pulled later, after
+// this consumer sees.
+//
+// A strict version gap holds nothing back: it says the pull order is not
+// the version order, and the version the gapped event waits for may be
+// the very event behind it. Holding that one back behind the gap would
+// re-form the same blocked chain on every redelivery (newest first stays
+// newest first in the retry queue) until MaxWaits parks the head. The
+// guard orders versioned events itself: a later, higher version behind a
+// gap waits as a gap of its own. What it cannot hold is an event pulled later, after
 // the failed one's key has drained: with VersionStrict (the default) that
 // event waits for the missing version (a gap, bounded by MaxWaits); with
 // VersionMonotonic it is applied, and the failed older event is then
@@ -253,8 +261,10 @@ func heldBack(m Message, level int) Outcome {
 	return Outcome{Result: ResultRetry, EventID: m.Properties[wire.PropEventID], Class: ClassWait, Err: errHeldBack, DelayLevel: level}
 }
 
+// failLevel is the delay level an outcome holds back the later events of
+// its key with: 0 for an ACK, and for a version gap (see the Order comment).
 func failLevel(o Outcome) int {
-	if o.Ack() {
+	if o.Ack() || errors.Is(o.Err, ErrVersionGap) {
 		return 0
 	}
 	return max(o.DelayLevel, 1)

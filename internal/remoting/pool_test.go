@@ -19,10 +19,11 @@ import (
 // (or a wrong one when skew is set), and counts the connections it
 // accepted.
 type fakeBroker struct {
-	ln    net.Listener
-	conns atomic.Int32
-	reqs  atomic.Int32
-	skew  atomic.Bool
+	ln     net.Listener
+	conns  atomic.Int32
+	reqs   atomic.Int32
+	skew   atomic.Bool
+	hangUp atomic.Bool // close each connection after its answer
 }
 
 func newFakeBroker(t *testing.T) *fakeBroker {
@@ -72,6 +73,9 @@ func (f *fakeBroker) serve(c net.Conn) {
 		if _, err := c.Write(frame); err != nil {
 			return
 		}
+		if f.hangUp.Load() {
+			return
+		}
 	}
 }
 
@@ -113,4 +117,31 @@ func TestPool(t *testing.T) {
 	p.Close()
 	_, _, err = p.RoundTrip(ctx, addr, time.Second, 37, nil)
 	require.Error(t, err, "a closed pool refuses requests")
+}
+
+// A connection the broker closes while it is idle is closed on this side
+// at once and leaves the pool: left open, it would hold the broker's side
+// open too (FIN_WAIT_2) after a broker died.
+func TestPoolDropsConnectionsTheBrokerClosed(t *testing.T) {
+	t.Parallel()
+	f := newFakeBroker(t)
+	f.hangUp.Store(true)
+	addr := f.ln.Addr().String()
+	p := &Pool{}
+	defer p.Close()
+	_, _, err := p.RoundTrip(context.Background(), addr, time.Second, 37, nil)
+	require.NoError(t, err)
+	idle := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.idle[addr])
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for idle() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // polls the condition, bounded
+	}
+	require.Zero(t, idle(), "the closed connection left the pool")
+	_, _, err = p.RoundTrip(context.Background(), addr, time.Second, 37, nil)
+	require.NoError(t, err, "the next request opens a new connection")
+	require.EqualValues(t, 2, f.conns.Load())
 }

@@ -4,7 +4,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 PKGS ?= ./...
 
-.PHONY: help up down status logs quickstart demo test test-upstream test-short test-race lint fuzz bench
+.PHONY: help up down status logs quickstart demo test test-upstream test-short test-race test-names lint fuzz bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ test: ## the whole suite on a fresh machine: installs, starts services, runs eve
 
 test-upstream: ## the user's build (upstream client, no replace) only, against running services (make up)
 	@RMQTX_VIEWS=upstream bash scripts/test.sh --go-only
+
+test-names: ## rewrite scripts/test-names.txt from the test sources (after adding or renaming a test)
+	$(GO) run ./internal/tools/testguard -write-names scripts/test-names.txt
 
 test-short: ## unit tests only, no services needed
 	$(GO) test -short -count=1 $(PKGS)

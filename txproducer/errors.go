@@ -153,7 +153,10 @@ func (a Advice) String() string {
 // the same id), RetryWithNewID for the ErrFenced of an id rolled back by an
 // earlier rmqtx that did not name halves (its row stays final), DontRetry
 // for everything else (an invalid message or config, an id committed with
-// another payload, a closed producer), nil included.
+// another payload, a closed producer), nil included. A retry loop decides
+// about the caller's own refusals itself: errors.Is(err, ErrLocalTx) &&
+// !IsRetryable(err) is a refusal ("out of stock") that sending again
+// unchanged would repeat.
 //
 // Two kinds of error are DontRetry whatever they wrap. An error that is not
 // a Send's: ErrStart (ErrDatabaseUnreachable, ErrNameServerUnreachable)

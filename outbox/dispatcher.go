@@ -596,7 +596,7 @@ func (d *Dispatcher) safeSendBatch(ctx context.Context, msgs []*Message) (errs [
 	defer func() {
 		if p := recover(); p != nil {
 			errs = nil
-			err := Transient(fmt.Errorf("outbox: sink panicked: %v", p))
+			err := d.sinkPanicked(p, msgs)
 			for range msgs {
 				errs = append(errs, err)
 			}
@@ -896,11 +896,34 @@ func groupByToken[T any](xs []T, row func(T) claimedRow) [][]T {
 func (d *Dispatcher) safeSend(ctx context.Context, m *Message) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = Transient(fmt.Errorf("outbox: sink panicked: %v", p))
+			err = d.sinkPanicked(p, []*Message{m})
 		}
 	}()
 	return d.cfg.Sink.Send(ctx, m)
 }
+
+// sinkPanicked turns a sink's panic into the error of each message it was
+// sending. The sink may have sent before it panicked, so the outcome is
+// unknown, not transient: the row is retried (a resend carries the same
+// event id, a duplicate consumers absorb) and counted as an unknown result in
+// rmqtx_outbox_sends_total (settle). A panic is a bug in the sink: it is
+// logged at Error with the event ids, never the payloads.
+func (d *Dispatcher) sinkPanicked(p any, msgs []*Message) error {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.EventID
+	}
+	fields := logrus.Fields{"event_ids": ids, "code": codeSinkPanic}
+	if len(msgs) == 1 {
+		fields = logrus.Fields{"event_id": ids[0], "code": codeSinkPanic}
+	}
+	err := fmt.Errorf("outbox: sink panicked: %v", p)
+	d.cfg.Logger.WithFields(fields).Error(d.cfg.Redact(err.Error()) + "; the outcome is unknown, the row is retried with the same event id")
+	return NewSendError(ClassUnknown, codeSinkPanic, err)
+}
+
+// codeSinkPanic is the last_error_code of a send whose sink panicked.
+const codeSinkPanic = "sink_panic"
 
 // mark writes an outcome on a context of its own (the send context may be
 // cancelled by then), retrying a failed write twice.

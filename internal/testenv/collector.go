@@ -34,13 +34,7 @@ type Collector struct {
 // when the test ends.
 func Collect(t testing.TB, topic string) *Collector {
 	t.Helper()
-	return CollectOn(t, Integration(t), topic)
-}
-
-// CollectOn is Collect on the name server of s: for a test on a private
-// broker (its own name server), whose deliveries the shared one never sees.
-func CollectOn(t testing.TB, s Settings, topic string) *Collector {
-	t.Helper()
+	s := Integration(t)
 	c := &Collector{counts: map[string]int{}, msgs: map[string]*primitive.MessageExt{}, stored: map[string]map[storedAt]bool{},
 		cond: make(chan struct{})}
 	group := Name(t, "collect")

@@ -18,9 +18,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/pushstop"
-	"github.com/rmqtx/rmqtx/internal/remoting"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/broker/pushstop"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/observe"
@@ -346,7 +346,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 // the messages being processed finish, hands the prefetched ones back to the
 // broker for a redelivery in about a second, waits until the client has
 // recorded every acknowledgement, and only then shuts the clients down, so
-// that the upstream client's shutdown cannot panic (see internal/pushstop)
+// that the upstream client's shutdown cannot panic (see internal/broker/pushstop)
 // and no acknowledgement is lost. It is idempotent; it returns an error
 // wrapping ctx.Err() if that work outlived ctx (the clients are shut down
 // anyway; the unfinished transactions roll back).

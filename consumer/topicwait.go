@@ -11,7 +11,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/sirupsen/logrus"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // A consumer may start before its topic exists.
@@ -30,7 +30,7 @@ import (
 // topicPoll of the topic's creation instead of the client's own 30 s
 // refresh plus 20 s rebalance. A topic that never appears is reported
 // again at Warn every topicRewarn, so it is not silent forever; the
-// client's own per-rebalance warning about it goes to Debug (internal/rmqlog).
+// client's own per-rebalance warning about it goes to Debug (internal/broker/rmqlog).
 
 const (
 	// topicPoll is how often a consumer whose topic is missing asks the

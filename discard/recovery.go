@@ -19,13 +19,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
-	"github.com/rmqtx/rmqtx/internal/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/internal/pushstop"
-	"github.com/rmqtx/rmqtx/internal/remoting"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
-	"github.com/rmqtx/rmqtx/internal/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/broker/pushstop"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -494,7 +494,7 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 		sp.EndSend(sr, err)
 		if err != nil {
 			// The broker's answer is named as every sender names it
-			// (internal/brokerclass): a missing topic says to create it.
+			// (internal/broker/brokerclass): a missing topic says to create it.
 			if d := brokerclass.Describe(err); d != "" {
 				return res, fmt.Errorf("discard: republish %s to %s (%s): %w", q.EventID, row.Topic, d, err)
 			}

@@ -8,9 +8,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
-	"github.com/rmqtx/rmqtx/internal/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
-	"github.com/rmqtx/rmqtx/internal/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
 	"github.com/rmqtx/rmqtx/wire"
 )
 

@@ -16,9 +16,9 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
-	"github.com/rmqtx/rmqtx/internal/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/observe"
@@ -71,7 +71,7 @@ type RocketMQConfig struct {
 // Error classes: no permission and message illegal (codes 16, 13), an
 // invalid topic name and an empty payload (which Enqueue accepts for a
 // FuncSink) are permanent; a topic missing at the broker (code 17) is the
-// cluster's setup, retried with backoff (internal/brokerclass); a
+// cluster's setup, retried with backoff (internal/broker/brokerclass); a
 // timeout, a lost connection or a non-OK store status (flush or slave
 // timeout) is unknown; everything else, including "no route to topic", is
 // transient. The client cannot tell "the name server and brokers are down"
@@ -185,7 +185,7 @@ func (s *RocketMQSink) validate(m *Message) error {
 }
 
 // sendStatus classifies a send result that came with no error, by the
-// broker-answer table every rmqtx sender shares (internal/brokerclass).
+// broker-answer table every rmqtx sender shares (internal/broker/brokerclass).
 func sendStatus(res *primitive.SendResult) error {
 	if res == nil {
 		return NewSendError(ClassUnknown, "no_result", errors.New("outbox: rocketmq returned no send result"))
@@ -228,7 +228,7 @@ func classifyRocketMQ(ctx context.Context, err error) error {
 	}
 	msg := err.Error()
 	if a, ok := brokerclass.OfError(err); ok {
-		// One table decides every broker answer (internal/brokerclass): a
+		// One table decides every broker answer (internal/broker/brokerclass): a
 		// missing topic or a refused permission is the cluster's setup, an
 		// operator's fix, so the row is retried with backoff (and the
 		// dispatcher logs the fix), not DEAD at once.

@@ -19,11 +19,11 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
-	"github.com/rmqtx/rmqtx/internal/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/wire"
@@ -421,7 +421,7 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 		// The result may be unknown (a timeout): the message may have gone.
 		// Harmless: the consumer dedups, and the row stays replayable. The
 		// detail names the broker's answer as every sender does
-		// (internal/brokerclass): a missing topic says to create it.
+		// (internal/broker/brokerclass): a missing topic says to create it.
 		detail := "send: " + err.Error()
 		if d := brokerclass.Describe(err); d != "" {
 			detail = "send (" + d + "): " + err.Error()

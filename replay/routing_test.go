@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
 	"github.com/rmqtx/rmqtx/replay"
 	"github.com/rmqtx/rmqtx/wire"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // checkBrokerSettings compares FenceAge with the transaction-check settings

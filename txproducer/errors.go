@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/rmqtx/rmqtx/errclass"
-	"github.com/rmqtx/rmqtx/internal/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -166,7 +166,7 @@ func (a Advice) String() string {
 // (CODE 17: an operator creates it, then the Send may be repeated), no
 // permission (16), a message the broker refuses (13). Broker answers are
 // classified by one table that the outbox, replay and discard recovery
-// share (internal/brokerclass).
+// share (internal/broker/brokerclass).
 func RetryAdvice(err error) Advice {
 	switch {
 	case err == nil:
@@ -200,7 +200,7 @@ func IsRetryable(err error) bool {
 }
 
 // brokerRefusal reports whether err carries a broker answer that sending
-// again cannot change by itself (internal/brokerclass).
+// again cannot change by itself (internal/broker/brokerclass).
 func brokerRefusal(err error) bool {
 	a, ok := brokerclass.OfError(err)
 	return ok && (a.Operator || a.Class == errclass.Permanent)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/apache/rocketmq-client-go/v2"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // Why the producer watches the cluster's brokers.

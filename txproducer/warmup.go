@@ -12,8 +12,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2"
 
 	"github.com/rmqtx/rmqtx/errclass"
-	"github.com/rmqtx/rmqtx/internal/brokerclass"
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // ErrTopicNotFound: a WarmupTopics topic does not exist and the broker does

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 )
 

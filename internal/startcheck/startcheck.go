@@ -20,7 +20,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/errclass"
 	"github.com/rmqtx/rmqtx/internal/dialect"
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // Timeout bounds each check (ctx may end it sooner): long enough for a

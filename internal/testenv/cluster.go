@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // Masters returns the addresses of every master broker of the test

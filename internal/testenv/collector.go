@@ -13,7 +13,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/rmqtx/rmqtx/internal/pushstop"
+	"github.com/rmqtx/rmqtx/internal/broker/pushstop"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -39,7 +39,7 @@ func Collect(t testing.TB, topic string) *Collector {
 		cond: make(chan struct{})}
 	group := Name(t, "collect")
 	// The gate stops delivery before the client's Shutdown, which on the
-	// upstream client can panic while a pull delivers (internal/pushstop).
+	// upstream client can panic while a pull delivers (internal/broker/pushstop).
 	// No name servers: nothing resumes the group, its offsets need no write.
 	gate := pushstop.New(group, nil)
 	pc, err := rocketmq.NewPushConsumer(

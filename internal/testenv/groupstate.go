@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // DescribeGroup renders what the shared broker knows of a consumer group on

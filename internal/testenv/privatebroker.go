@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
 // PrivateBrokerOptions configures PrivateBroker.

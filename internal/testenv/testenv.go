@@ -21,7 +21,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/localenv"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 )
 
 // HowToStart is printed when a service cannot be reached.

@@ -30,8 +30,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
-	"github.com/rmqtx/rmqtx/internal/remoting"
-	"github.com/rmqtx/rmqtx/internal/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 )
 
 // probeTopic is one topic per broker: a topic that exists on one broker is

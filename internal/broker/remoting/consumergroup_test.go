@@ -11,8 +11,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
-	"github.com/rmqtx/rmqtx/internal/pushstop"
-	"github.com/rmqtx/rmqtx/internal/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker/pushstop"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 

@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/observe"
@@ -51,15 +51,15 @@ func (d Decision) String() string {
 	}
 }
 
-// LocalTransactionState converts d for rocketmq-client-go.
-func (d Decision) LocalTransactionState() primitive.LocalTransactionState {
+// LocalTransactionState converts d for the client (through the broker seam).
+func (d Decision) LocalTransactionState() broker.LocalTransactionState {
 	switch d {
 	case Commit:
-		return primitive.CommitMessageState
+		return broker.CommitMessageState
 	case Rollback:
-		return primitive.RollbackMessageState
+		return broker.RollbackMessageState
 	default:
-		return primitive.UnkonwnState
+		return broker.UnknownState
 	}
 }
 
@@ -114,9 +114,9 @@ type Query struct {
 // REAL_TOPIC as the broker set it on the half message; it is left empty for
 // a message that came back through a consumer retry (Redelivered), because
 // the broker then rewrites REAL_TOPIC to the retry topic.
-func QueryFromMessage(m *primitive.MessageExt) Query {
+func QueryFromMessage(m *broker.MessageExt) Query {
 	topic := m.Topic
-	if rt := m.GetProperty(primitive.PropertyRealTopic); rt != "" {
+	if rt := m.GetProperty(broker.PropRealTopic); rt != "" {
 		topic = rt
 	}
 	if Redelivered(m) {
@@ -128,14 +128,14 @@ func QueryFromMessage(m *primitive.MessageExt) Query {
 	}
 	return Query{
 		EventID:     m.GetProperty(wire.PropEventID),
-		Group:       m.GetProperty(primitive.PropertyProducerGroup),
+		Group:       m.GetProperty(broker.PropProducerGroup),
 		Topic:       topic,
 		Tags:        m.GetTags(),
 		Keys:        m.GetKeys(),
 		EventType:   m.GetProperty(wire.PropEventType),
 		BusinessKey: m.GetProperty(wire.PropBusinessKey),
 		PayloadHash: m.GetProperty(wire.PropPayloadHash),
-		HalfKey:     m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex),
+		HalfKey:     m.GetProperty(broker.PropUniqKey),
 		BornAt:      born,
 		Properties:  m.GetProperties(),
 	}
@@ -145,11 +145,11 @@ func QueryFromMessage(m *primitive.MessageExt) Query {
 // broker's delay queue and a %RETRY% topic) rather than straight from the
 // topic it was stored in. The broker rewrites REAL_TOPIC of such a message
 // to the retry topic.
-func Redelivered(m *primitive.MessageExt) bool {
-	if m.ReconsumeTimes > 0 || m.GetProperty(primitive.PropertyRetryTopic) != "" {
+func Redelivered(m *broker.MessageExt) bool {
+	if m.ReconsumeTimes > 0 || m.GetProperty(broker.PropRetryTopic) != "" {
 		return true
 	}
-	rt := m.GetProperty(primitive.PropertyRealTopic)
+	rt := m.GetProperty(broker.PropRealTopic)
 	return strings.HasPrefix(rt, "%RETRY%") || strings.HasPrefix(rt, "%DLQ%")
 }
 
@@ -282,7 +282,7 @@ func (c *Checker) FenceAge() time.Duration { return c.cfg.FenceAge }
 
 // Check answers a check request for m. It never panics and returns within
 // about QueryTimeout.
-func (c *Checker) Check(ctx context.Context, m *primitive.MessageExt) Answer {
+func (c *Checker) Check(ctx context.Context, m *broker.MessageExt) Answer {
 	if m == nil {
 		return c.CheckQuery(ctx, Query{})
 	}

@@ -109,9 +109,14 @@ func testProcessBatchFailingEventRollsBackAlone(t *testing.T, db *sqlx.DB) {
 			}
 			mu.Lock()
 			runs[ev.ID]++
+			run := runs[ev.ID]
 			err := failOnce[ev.ID]
 			delete(failOnce, ev.ID)
 			mu.Unlock()
+			// The reference of the run that commits is the one recorded.
+			if rerr := ev.SetResultRef(fmt.Sprintf("run %d", run)); rerr != nil {
+				return rerr
+			}
 			return err // after its INSERT: the savepoint must undo it
 		}}}
 	})
@@ -155,6 +160,11 @@ func testProcessBatchFailingEventRollsBackAlone(t *testing.T, db *sqlx.DB) {
 	require.Equal(t, 2, runs[ids[0]])
 	require.Equal(t, 2, runs[ids[1]])
 	require.Equal(t, 1, runs[ids[3]])
+	for i, want := range map[int]string{0: "run 2", 1: "run 2", 2: "run 2", 3: "run 1", 7: "run 1"} {
+		var ref string
+		require.NoError(t, db.Get(&ref, db.Rebind("SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?"), ids[i]))
+		require.Equal(t, want, ref, "event %d", i)
+	}
 }
 
 // Duplicates in a batch, decided by the database: all known (one locking

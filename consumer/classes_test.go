@@ -55,4 +55,12 @@ func TestClassOfRecognisesOutboxErrors(t *testing.T) {
 		require.Equal(t, c, e.ErrorClass())
 		require.Equal(t, c, ClassOf(e))
 	}
+	// One type: a consumer error is an outbox.SendError and the reverse.
+	var se *outbox.SendError
+	require.ErrorAs(t, fmt.Errorf("w: %w", Permanent(base)), &se)
+	require.Equal(t, ClassPermanent, se.Class)
+	var ce *Error
+	require.ErrorAs(t, outbox.NewSendError(outbox.ClassPermanent, "no_permission", base), &ce)
+	require.Equal(t, "no_permission", ce.Code)
+	require.Equal(t, "no_permission", errclass.CodeOf(ce))
 }

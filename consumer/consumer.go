@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"reflect"
@@ -11,15 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
-	rmq "github.com/apache/rocketmq-client-go/v2/consumer"
-	"github.com/apache/rocketmq-client-go/v2/hooks"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/broker/pushstop"
-	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
@@ -66,7 +61,7 @@ type Config struct {
 	// Topic to subscribe to. Required.
 	Topic string
 	// Selector filters by tag or SQL92; default all messages.
-	Selector rmq.MessageSelector
+	Selector broker.MessageSelector
 	// BatchSize is the client's ConsumeMessageBatchMaxSize: the most
 	// messages of one queue handed over at once. Default 1, or
 	// DefaultBatchTxSize (16) with BatchTransaction. Above 1 each message
@@ -195,10 +190,9 @@ type Consumer struct {
 
 	mu      sync.Mutex
 	state   lifecycle
-	pc      rocketmq.PushConsumer
-	gate    *pushstop.Gate // makes pc's Shutdown safe on the upstream client
-	seq     *sequencer     // keeps the order per routing key (serialize.go)
-	prod    rocketmq.Producer
+	pc      broker.PushConsumer // behind the seam's stop gate (internal/broker/pushstop)
+	seq     *sequencer          // keeps the order per routing key (serialize.go)
+	prod    broker.Producer
 	resend  resender
 	closing bool
 	watch   *topicWatch // waits for a topic missing at Start (topicwait.go)
@@ -252,26 +246,23 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return err
 	}
 	rmqlog.Install(c.cfg.Logger)
-	ns := primitive.NewPassthroughResolver(c.cfg.NameServers)
-	from := rmq.ConsumeFromFirstOffset
+	from := broker.ConsumeFromFirstOffset
 	if c.cfg.FromLatest {
-		from = rmq.ConsumeFromLastOffset
+		from = broker.ConsumeFromLastOffset
 	}
-	gate := pushstop.New(c.cfg.Group, c.cfg.NameServers)
 	seq := newSequencer()
-	pc, err := rocketmq.NewPushConsumer(
-		rmq.WithGroupName(c.cfg.Group),
-		rmq.WithNsResolver(ns),
-		rmq.WithInstance(c.cfg.InstanceName),
-		rmq.WithConsumerModel(rmq.Clustering),
-		rmq.WithConsumeFromWhere(from),
-		rmq.WithConsumeMessageBatchMaxSize(c.cfg.BatchSize),
-		rmq.WithConsumeGoroutineNums(c.cfg.Goroutines),
-		rmq.WithMaxReconsumeTimes(int32(c.cfg.MaxReconsumeTimes)),
-		// The gate's filter hook, then the sequencer's: what the gate lets
-		// through is registered in pull order.
-		rmq.WithFilterMessageHook([]hooks.FilterMessageHook{seq.hook(gate.Hook)}),
-	)
+	pc, err := broker.NewPushConsumer(broker.PushConsumerConfig{
+		Group:             c.cfg.Group,
+		NameServers:       c.cfg.NameServers,
+		InstanceName:      c.cfg.InstanceName,
+		FromWhere:         from,
+		BatchSize:         c.cfg.BatchSize,
+		Goroutines:        c.cfg.Goroutines,
+		MaxReconsumeTimes: int32(c.cfg.MaxReconsumeTimes),
+		// What the seam's stop gate lets through is registered in pull
+		// order.
+		OnPulled: seq.register,
+	})
 	if err != nil {
 		return fmt.Errorf("consumer: new push consumer: %w", err)
 	}
@@ -280,7 +271,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	// not know: a missing topic is subscribed once the client started.
 	missing := c.topicMissing(ctx)
 	subscribe := func() error {
-		if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, gate.Wrap(c.onMessages)); err != nil {
+		if err := pc.Subscribe(c.cfg.Topic, c.cfg.Selector, c.onMessages); err != nil {
 			return fmt.Errorf("consumer: subscribe %s: %w", c.cfg.Topic, err)
 		}
 		return nil
@@ -300,12 +291,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 		if len(group) > 200 {
 			group = group[:200]
 		}
-		p, err := rocketmq.NewProducer(
-			producer.WithGroupName(group+"_rmqtx_resend"),
-			producer.WithNsResolver(ns),
-			producer.WithInstanceName(c.cfg.InstanceName+"-resend"),
-			producer.WithRetry(2),
-		)
+		p, err := broker.NewProducer(broker.ProducerConfig{
+			NameServers:  c.cfg.NameServers,
+			Group:        group + "_rmqtx_resend",
+			InstanceName: c.cfg.InstanceName + "-resend",
+			Retries:      2,
+		})
 		if err != nil {
 			return fmt.Errorf("consumer: new resend producer: %w", err)
 		}
@@ -313,7 +304,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 			return fmt.Errorf("consumer: start resend producer: %w", err)
 		}
 		c.prod = p
-		c.resend = &producerResender{p: p, retryTopic: "%RETRY%" + c.cfg.Group}
+		c.resend = &producerResender{p: p, retryTopic: broker.RetryTopic(c.cfg.Group)}
 		if c.wrapResend != nil {
 			c.resend = c.wrapResend(c.resend)
 		}
@@ -336,7 +327,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		c.watch = c.watchTopic(pc)
 	}
-	c.pc, c.gate, c.seq = pc, gate, seq
+	c.pc, c.seq = pc, seq
 	c.state = stateStarted
 	return nil
 }
@@ -359,12 +350,12 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	}
 	c.state = stateClosed
 	c.closing = true
-	pc, gate, prod, watch := c.pc, c.gate, c.prod, c.watch
+	pc, prod, watch := c.pc, c.prod, c.watch
 	c.mu.Unlock()
 	watch.stop()     // before the client stops: the watcher may call it
 	c.seq.shutdown() // waiters hand their events back instead of waiting
 
-	werr := gate.Stop(ctx, pc)
+	werr := pc.Stop(ctx)
 	err := pc.Shutdown()
 	if prod != nil {
 		if perr := prod.Shutdown(); err == nil {
@@ -392,12 +383,10 @@ func (c *Consumer) enter() bool {
 	return !c.closing
 }
 
-func (c *Consumer) onMessages(ctx context.Context, msgs ...*primitive.MessageExt) (rmq.ConsumeResult, error) {
+func (c *Consumer) onMessages(ctx context.Context, msgs ...*broker.MessageExt) (broker.ConsumeResult, error) {
 	if !c.enter() {
-		if cc, ok := primitive.GetConcurrentlyCtx(ctx); ok {
-			cc.DelayLevelWhenNextConsume = 1
-		}
-		return rmq.ConsumeRetryLater, nil
+		broker.SetNextDelayLevel(ctx, 1)
+		return broker.ConsumeRetryLater, nil
 	}
 	// The events of one routing key apply in the order they were pulled
 	// (serialize.go).
@@ -409,7 +398,7 @@ func (c *Consumer) onMessages(ctx context.Context, msgs ...*primitive.MessageExt
 
 // resender re-publishes one message to the group's retry topic with a delay.
 type resender interface {
-	Resend(ctx context.Context, m *primitive.MessageExt, delayLevel int) error
+	Resend(ctx context.Context, m *broker.MessageExt, delayLevel int) error
 }
 
 type processFunc func(context.Context, Message) Outcome
@@ -421,7 +410,7 @@ type processFunc func(context.Context, Message) Outcome
 //     and the batch is ACKed, so committed siblings are not delivered again;
 //     if a re-send fails, the whole batch is handed back (siblings then come
 //     back as dedup hits: their effect still never runs twice).
-func consumeBatch(ctx context.Context, process processFunc, rs resender, msgs []*primitive.MessageExt) (rmq.ConsumeResult, error) {
+func consumeBatch(ctx context.Context, process processFunc, rs resender, msgs []*broker.MessageExt) (broker.ConsumeResult, error) {
 	outs := make([]Outcome, len(msgs))
 	for i, m := range msgs {
 		outs[i] = process(ctx, MessageFromExt(m))
@@ -431,15 +420,10 @@ func consumeBatch(ctx context.Context, process processFunc, rs resender, msgs []
 
 // settle answers the client for msgs given their outcomes (see
 // consumeBatch).
-func settle(ctx context.Context, rs resender, msgs []*primitive.MessageExt, outs []Outcome) (rmq.ConsumeResult, error) {
-	cc, _ := primitive.GetConcurrentlyCtx(ctx)
-	setDelay := func(level int) {
-		if cc != nil {
-			cc.DelayLevelWhenNextConsume = level
-		}
-	}
+func settle(ctx context.Context, rs resender, msgs []*broker.MessageExt, outs []Outcome) (broker.ConsumeResult, error) {
+	setDelay := func(level int) { broker.SetNextDelayLevel(ctx, level) }
 	type retry struct {
-		m     *primitive.MessageExt
+		m     *broker.MessageExt
 		level int
 	}
 	var retries []retry
@@ -449,11 +433,11 @@ func settle(ctx context.Context, rs resender, msgs []*primitive.MessageExt, outs
 		}
 	}
 	if len(retries) == 0 {
-		return rmq.ConsumeSuccess, nil
+		return broker.ConsumeSuccess, nil
 	}
 	if len(msgs) == 1 {
 		setDelay(retries[0].level)
-		return rmq.ConsumeRetryLater, nil
+		return broker.ConsumeRetryLater, nil
 	}
 	if rs != nil {
 		ok := true
@@ -464,7 +448,7 @@ func settle(ctx context.Context, rs resender, msgs []*primitive.MessageExt, outs
 			}
 		}
 		if ok {
-			return rmq.ConsumeSuccess, nil
+			return broker.ConsumeSuccess, nil
 		}
 	}
 	level := retries[0].level
@@ -472,58 +456,52 @@ func settle(ctx context.Context, rs resender, msgs []*primitive.MessageExt, outs
 		level = min(level, r.level)
 	}
 	setDelay(level)
-	return rmq.ConsumeRetryLater, nil
+	return broker.ConsumeRetryLater, nil
 }
 
 type producerResender struct {
-	p          rocketmq.Producer
+	p          broker.Producer
 	retryTopic string
 }
 
-func (r *producerResender) Resend(ctx context.Context, m *primitive.MessageExt, delayLevel int) error {
+func (r *producerResender) Resend(ctx context.Context, m *broker.MessageExt, delayLevel int) error {
 	d := MessageFromExt(m)
-	out := primitive.NewMessage(r.retryTopic, m.Body)
+	out := broker.NewMessage(r.retryTopic, m.Body)
 	out.WithProperties(replayProperties(m.GetProperties()))
-	out.WithProperty(primitive.PropertyRetryTopic, d.Delivery.Topic)
+	out.WithProperty(broker.PropRetryTopic, d.Delivery.Topic)
 	out.WithProperty(propReconsume, strconv.Itoa(d.Delivery.ReconsumeTimes+1))
-	origin := m.GetProperty(primitive.PropertyOriginMessageId)
+	origin := m.GetProperty(broker.PropOriginMessageID)
 	if origin == "" {
 		origin = m.MsgId
 	}
-	out.WithProperty(primitive.PropertyOriginMessageId, origin)
+	out.WithProperty(broker.PropOriginMessageID, origin)
 	out.WithDelayTimeLevel(delayLevel)
 	res, err := r.p.SendSync(ctx, out)
 	if err != nil {
 		return fmt.Errorf("consumer: resend to %s: %w", r.retryTopic, err)
 	}
-	if res.Status != primitive.SendOK {
-		return fmt.Errorf("consumer: resend to %s: status %d", r.retryTopic, res.Status)
+	if err := broker.CheckSendResult(res); err != nil {
+		return fmt.Errorf("consumer: resend to %s: %w", r.retryTopic, err)
 	}
 	return nil
 }
 
 // ensureRetryTopic creates the group's retry topic (%RETRY%<group>, one
-// queue) on the brokers of the subscribed topic before the client starts, as
-// the broker itself does on a group's first retry. The client learns the
-// route of a topic created later only on its periodic refresh (30 s), so a
-// new group's first retries would otherwise wait that long. Best effort: a
-// failure is logged and the broker's own creation remains the fallback.
+// queue) on the brokers of the subscribed topic before the client starts
+// (broker.EnsureRetryTopic: a new group's first retries would otherwise
+// wait for the client's route refresh, 30 s). Best effort: a failure is
+// logged and the broker's own creation remains the fallback.
 func (c *Consumer) ensureRetryTopic(ctx context.Context) {
-	retry := "%RETRY%" + c.cfg.Group
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := remoting.MasterBrokers(ctx, c.cfg.NameServers, 0, retry); err == nil {
+	err := broker.EnsureRetryTopic(ctx, broker.RetryTopicSpec{NameServers: c.cfg.NameServers, Group: c.cfg.Group, Topic: c.cfg.Topic})
+	if err == nil {
 		return
 	}
-	log := c.cfg.Logger.WithField("retry_topic", retry)
-	brokers, err := remoting.MasterBrokers(ctx, c.cfg.NameServers, 0, c.cfg.Topic)
-	if err != nil {
-		log.WithError(err).Debug("consumer: retry topic not created: no route for the subscribed topic yet")
+	log := c.cfg.Logger.WithField("retry_topic", broker.RetryTopic(c.cfg.Group)).WithError(err)
+	if errors.Is(err, broker.ErrNoBrokers) {
+		log.Debug("consumer: retry topic not created: no route for the subscribed topic yet")
 		return
 	}
-	for _, addr := range brokers {
-		if err := remoting.CreateTopic(ctx, addr, 0, retry, 1); err != nil {
-			log.WithError(err).Warn("consumer: could not create the retry topic; the first retries may wait for a route refresh")
-		}
-	}
+	log.Warn("consumer: could not create the retry topic; the first retries may wait for a route refresh")
 }

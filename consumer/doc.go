@@ -20,12 +20,17 @@
 //	COMMIT, then ACK
 //
 // A handler error rolls everything back (no dedup row is left behind) and is
-// classified: Transient and unknown errors are retried with RocketMQ delay
-// levels up to MaxRetries, Wait errors up to MaxWaits, Permanent and BadData
-// errors are parked at once. ClassOf also reads the outbox package's
-// classified errors (and any errclass.Classified error), so a
-// handler returning outbox.Permanent(err) is parked, not retried; outbox
-// reads this package's classes the same way. Failed attempts are counted in
+// classified (errclass.ClassOf): Transient and unknown errors are retried
+// with RocketMQ delay levels up to MaxRetries, Wait errors up to MaxWaits,
+// Permanent and BadData errors are parked at once. An error the handler did
+// not classify is unknown. The classified error type is errclass.Error
+// (consumer.Error and outbox.SendError are aliases of it), and any
+// errclass.Classified error counts, so a handler returning
+// outbox.Permanent(err) is parked, not retried; the outbox reads this
+// package's classes the same way. A handler records what it did (an order
+// id, a row id) with ev.SetResultRef, in the dedup row and its transaction;
+// on an Event no handler is running for, SetResultRef returns
+// ErrNotInHandler. Failed attempts are counted in
 // their own short transaction (the consume_attempt table), so the bound
 // holds across instances and restarts. A success, a stale skip or a dedup
 // hit deletes the event's attempt row (the success in its own transaction)

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/rmqtx/rmqtx/errclass"
 )
@@ -35,18 +34,22 @@ const (
 )
 
 // Sentinel errors. Every error this package returns wraps one of them or an
-// *Error, so errors.Is / errors.As work.
+// *Error, so errors.Is / errors.As work. The four that decide a class
+// (ErrConflict, ErrVersionGap, ErrUnknownEventType, ErrMalformed) are
+// classified errors themselves (*Error), so errclass.ClassOf reads their
+// class wherever they travel; their text is unchanged.
 var (
 	// ErrConflict is wrapped by the error of a parked payload-hash conflict.
-	ErrConflict = errors.New("consumer: event id reused with a different payload")
+	// Class Conflict.
+	ErrConflict error = errclass.Wrap(ClassConflict, "", errors.New("consumer: event id reused with a different payload"))
 	// ErrVersionGap is the Wait error of strict mode when an earlier aggregate
-	// version has not been applied yet.
-	ErrVersionGap = errors.New("consumer: aggregate version gap")
+	// version has not been applied yet. Class Wait.
+	ErrVersionGap error = errclass.Wrap(ClassWait, "", errors.New("consumer: aggregate version gap"))
 	// ErrUnknownEventType is the Data error for an event type with no route.
-	ErrUnknownEventType = errors.New("consumer: no route for event type")
+	ErrUnknownEventType error = errclass.Wrap(ClassData, "", errors.New("consumer: no route for event type"))
 	// ErrMalformed is the Data error for a message whose envelope cannot be
 	// decoded or whose payload does not match its declared hash.
-	ErrMalformed = errors.New("consumer: malformed message")
+	ErrMalformed error = errclass.Wrap(ClassData, "", errors.New("consumer: malformed message"))
 	// ErrRetryLimit is wrapped when a retryable failure ran out of attempts
 	// and was parked.
 	ErrRetryLimit = errors.New("consumer: retry limit reached")
@@ -60,36 +63,22 @@ var (
 	ErrClosed = errors.New("consumer: closed")
 	// ErrConfig is wrapped by every configuration error.
 	ErrConfig = errors.New("consumer: invalid config")
+	// ErrNotInHandler is returned by Event.SetResultRef called on an Event
+	// that is not being handled: one a Handler did not receive (built by
+	// hand, or decoded elsewhere), or after its Handler returned.
+	ErrNotInHandler = errors.New("consumer: SetResultRef called outside a handler")
 )
 
-// Error carries a class with the underlying error. Build it with Transient,
-// Wait, Permanent or BadData; read it with ClassOf.
-type Error struct {
-	Class Class
-	Err   error
-}
+// Error is a classified error: errclass.Error, the one type the consumer,
+// the outbox and replay share (outbox.SendError is the same type). Build it
+// with Transient, Wait, Permanent or BadData; read it with errclass.ClassOf.
+// Its text is the wrapped error's: the class is stored beside it (a dead
+// letter's error_class), not in it.
+type Error = errclass.Error
 
-func (e *Error) Error() string {
-	if e.Err == nil {
-		return "consumer: " + string(e.Class)
-	}
-	return fmt.Sprintf("consumer: %s: %v", e.Class, e.Err)
-}
-
-// Unwrap returns the underlying error.
-func (e *Error) Unwrap() error { return e.Err }
-
-// ErrorClass returns the error's class (errclass.Classified): the outbox
-// package reads it too, so a handler's consumer.Permanent(err) is as final
-// for an outbox send as outbox.Permanent(err) is for a handler.
-func (e *Error) ErrorClass() errclass.Class { return e.Class }
-
-func classify(c Class, err error) error {
-	if err == nil {
-		err = errors.New(string(c))
-	}
-	return &Error{Class: c, Err: err}
-}
+// classify wraps err with class c; a nil err gets the class name as text,
+// so a handler's Permanent(nil) is still an error.
+func classify(c Class, err error) error { return errclass.Wrap(c, "", err) }
 
 // Transient marks err as a temporary infrastructure failure: retried later.
 func Transient(err error) error { return classify(ClassTransient, err) }
@@ -105,30 +94,33 @@ func Permanent(err error) error { return classify(ClassPermanent, err) }
 // decoded or validated): parked at once.
 func BadData(err error) error { return classify(ClassData, err) }
 
-// ClassOf returns the class of err: that of the outermost classified error
-// in its chain (errclass.Of: an *Error, an *outbox.SendError, or any
-// errclass.Classified), else the class of the package's sentinels, else
-// ClassUnknown. It returns "" for nil.
+// handlerClass is how the Processor classifies a handler's (or a Validate
+// hook's) error: the class errclass.Find reads in its chain (an *Error, this
+// package's classified sentinels, or any errclass.Classified), else
+// ClassUnknown. An unclassified error is Unknown here on purpose, not by
+// accident of the shared fallback: it is retried like a Transient one, up
+// to MaxRetries, then parked, and labelled apart so it shows.
+func handlerClass(err error) Class {
+	if c, ok := errclass.Of(err); ok {
+		return c
+	}
+	return ClassUnknown
+}
+
+// ClassOf returns the class of err as the consumer handles it: that of the
+// outermost classified error in its chain, else ClassUnknown; "" for nil.
+//
+// Deprecated: use errclass.ClassOf, which returns the same class for every
+// error (its fallback, Unknown, is the consumer's).
 func ClassOf(err error) Class {
 	if err == nil {
 		return ""
 	}
-	if c, ok := errclass.Of(err); ok {
-		return c
-	}
-	switch {
-	case errors.Is(err, ErrConflict):
-		return ClassConflict
-	case errors.Is(err, ErrVersionGap):
-		return ClassWait
-	case errors.Is(err, ErrUnknownEventType), errors.Is(err, ErrMalformed):
-		return ClassData
-	}
-	return ClassUnknown
+	return handlerClass(err)
 }
 
 // IsRetryable reports whether err leads to a later redelivery (transient,
 // wait or unknown) rather than being parked at once.
 func IsRetryable(err error) bool {
-	return ClassOf(err).Retryable()
+	return err != nil && handlerClass(err).Retryable()
 }

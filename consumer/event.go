@@ -2,19 +2,24 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/broker"
 )
 
 // Handler applies one event's business effect inside tx. The dedup row is
 // already in tx; returning nil commits both, returning an error rolls both
-// back and the error's class (see ClassOf) decides what happens next. A
-// handler must not commit or roll back tx, and must not have side effects
-// outside tx (send those through a command outbox written in tx).
+// back and the error's class (errclass.ClassOf; an unclassified error is
+// Unknown) decides what happens next. A handler must not commit or roll
+// back tx, and must not have side effects outside tx (send those through a
+// command outbox written in tx). It records what it did with
+// ev.SetResultRef.
 type Handler func(ctx context.Context, tx *sqlx.Tx, ev Event) error
 
 // Event is a decoded rmqtx message as handed to a Handler.
@@ -31,6 +36,10 @@ type Event struct {
 	// PayloadHash is the hex SHA-256 of Payload (the dedup identity, I5).
 	PayloadHash string
 	Delivery    Delivery
+
+	// handling is the call of the Handler this Event was handed to (nil
+	// for any other Event): where SetResultRef records its reference.
+	handling *handling
 }
 
 // Delivery is where and how the broker delivered the message.
@@ -57,7 +66,7 @@ type Message struct {
 const propReconsume = "RMQTX_RECONSUME_TIMES"
 
 // MessageFromExt converts a message delivered by rocketmq-client-go.
-func MessageFromExt(m *primitive.MessageExt) Message {
+func MessageFromExt(m *broker.MessageExt) Message {
 	d := Delivery{
 		Topic:          m.Topic,
 		QueueOffset:    m.QueueOffset,
@@ -66,7 +75,7 @@ func MessageFromExt(m *primitive.MessageExt) Message {
 		BornAt:         time.UnixMilli(m.BornTimestamp).UTC(),
 		StoredAt:       time.UnixMilli(m.StoreTimestamp).UTC(),
 	}
-	if rt := m.GetProperty(primitive.PropertyRetryTopic); rt != "" && strings.HasPrefix(d.Topic, "%RETRY%") {
+	if rt := m.GetProperty(broker.PropRetryTopic); rt != "" && strings.HasPrefix(d.Topic, "%RETRY%") {
 		d.Topic = rt
 	}
 	if m.Queue != nil {
@@ -78,19 +87,65 @@ func MessageFromExt(m *primitive.MessageExt) Message {
 	return Message{Body: m.Body, Properties: m.GetProperties(), Delivery: d}
 }
 
-type resultRefKey struct{}
+// maxResultRef is the length of the consume log's result_ref column.
+const maxResultRef = 255
 
-type resultRef struct{ ref string }
+// handling is one call of a Handler: the result reference it set, and
+// whether it has returned. A Handler may hand its Event to goroutines, so
+// it is guarded.
+type handling struct {
+	mu   sync.Mutex
+	ref  string
+	done bool
+}
 
-// SetResultRef records a short reference to the effect (an order id, a row
-// id) in the consume log's result_ref column, in the same transaction. Call
-// it from a Handler with the ctx it was given; elsewhere it does nothing.
-// Values longer than 255 bytes are truncated.
+func (h *handling) set(ref string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done {
+		return false
+	}
+	h.ref = clip(ref, maxResultRef)
+	return true
+}
+
+// finish ends the call: later SetResultRef calls fail. It returns the
+// reference to record ("" for none).
+func (h *handling) finish() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.done = true
+	return h.ref
+}
+
+// SetResultRef records a short reference to the event's effect (an order
+// id, a row id) in the consume log's result_ref column, in the handler's
+// transaction: it is committed with the effect, or not at all. Call it from
+// the Handler on the Event the Handler received; a later call replaces the
+// reference, and "" clears it. Values longer than 255 characters are
+// truncated.
+//
+// It returns an error wrapping ErrNotInHandler, and records nothing, for an
+// Event no Handler received (one built by hand, or passed to Validate) and
+// once the Handler has returned.
+func (e Event) SetResultRef(ref string) error {
+	if e.handling == nil || !e.handling.set(ref) {
+		return fmt.Errorf("%w (event %s)", ErrNotInHandler, e.ID)
+	}
+	return nil
+}
+
+type handlingKey struct{}
+
+// SetResultRef records ref as the result reference of the event whose
+// Handler was given ctx (or a context derived from it), like
+// Event.SetResultRef. With any other context, or after the Handler
+// returned, it does nothing and says nothing.
+//
+// Deprecated: use Event.SetResultRef on the Event the Handler received,
+// which returns ErrNotInHandler instead of doing nothing.
 func SetResultRef(ctx context.Context, ref string) {
-	if h, ok := ctx.Value(resultRefKey{}).(*resultRef); ok {
-		if len(ref) > 255 {
-			ref = ref[:255]
-		}
-		h.ref = ref
+	if h, ok := ctx.Value(handlingKey{}).(*handling); ok {
+		h.set(ref)
 	}
 }

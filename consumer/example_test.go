@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/errclass"
 )
 
 type paymentSucceeded struct {
@@ -47,8 +48,8 @@ func Example() {
 					if n, _ := res.RowsAffected(); n == 0 {
 						return consumer.Wait(errors.New("order not created yet"))
 					}
-					consumer.SetResultRef(ctx, "order:"+p.OrderID)
-					return nil
+					// Recorded in the dedup row, in this transaction.
+					return ev.SetResultRef("order:" + p.OrderID)
 				},
 			},
 		},
@@ -73,7 +74,9 @@ func Example() {
 	fmt.Printf("%+v\n", c.Processor().Stats())
 }
 
-// Handlers return classified errors; the classifiers tell what happens next.
+// Handlers return classified errors; errclass.ClassOf (which replaces
+// consumer.ClassOf) tells what happens next. An error nobody classified is
+// unknown: retried like a transient one, labelled apart.
 func ExampleClassOf() {
 	errs := []error{
 		consumer.Transient(errors.New("connection reset")),
@@ -83,7 +86,7 @@ func ExampleClassOf() {
 		errors.New("something nobody classified"),
 	}
 	for _, err := range errs {
-		fmt.Println(consumer.ClassOf(err), consumer.IsRetryable(err))
+		fmt.Println(errclass.ClassOf(err), consumer.IsRetryable(err))
 	}
 	// Output:
 	// transient true

@@ -518,7 +518,7 @@ func (p *Processor) check(ctx context.Context, m Message) (item, Outcome, bool) 
 	}
 	if route.Validate != nil {
 		if err := callValidate(route.Validate, ev); err != nil {
-			c := ClassOf(err)
+			c := handlerClass(err)
 			if c == ClassUnknown {
 				c = ClassData
 			}
@@ -701,12 +701,16 @@ func (p *Processor) guardStep(ctx context.Context, tx *sqlx.Tx, it item) decisio
 // the result reference it set and clears the event's attempts, so the
 // bookkeeping of earlier failures commits with the success, atomically.
 func (p *Processor) handlerStep(ctx context.Context, tx *sqlx.Tx, it item) decision {
-	ref := &resultRef{}
-	if err := callHandler(context.WithValue(ctx, resultRefKey{}, ref), it.route.Handler, tx, it.ev); err != nil {
-		return failed(ClassOf(err), err)
+	h := &handling{}
+	ev := it.ev
+	ev.handling = h // this call's Event only: Validate's copy and it.ev have none
+	err := callHandler(context.WithValue(ctx, handlingKey{}, h), it.route.Handler, tx, ev)
+	ref := h.finish()
+	if err != nil {
+		return failed(handlerClass(err), err)
 	}
-	if ref.ref != "" {
-		if _, err := p.stmts.TxExec(ctx, tx, p.q.setResultRef, ref.ref, p.cfg.Group, it.ev.ID); err != nil {
+	if ref != "" {
+		if _, err := p.stmts.TxExec(ctx, tx, p.q.setResultRef, ref, p.cfg.Group, it.ev.ID); err != nil {
 			return failed(ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
 		}
 	}

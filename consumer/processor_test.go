@@ -329,15 +329,45 @@ func TestRedactionAndResultRef(t *testing.T) {
 }
 
 func testRedactionAndResultRef(t *testing.T, db *sqlx.DB) {
+	var leaked Event
+	var validateErr error
 	p := newProc(t, db, func(c *ProcessorConfig) {
 		c.Redact = func([]byte) []byte { return []byte("<redacted>") }
 		c.RedactText = func(s string) string { return strings.ReplaceAll(s, "4111-1111", "****") }
 		c.Routes["Card"] = Route{Handler: func(context.Context, *sqlx.Tx, Event) error {
 			return Permanent(errors.New("card 4111-1111 declined"))
 		}}
-		c.Routes["Created"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
-			SetResultRef(ctx, "order:42")
+		c.Routes["Created"] = Route{
+			Validate: func(ev Event) error {
+				validateErr = ev.SetResultRef("from validate") // not a handler's Event
+				return nil
+			},
+			Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+				leaked = ev
+				if err := ev.SetResultRef("first"); err != nil {
+					return err
+				}
+				if err := ev.SetResultRef("order:42"); err != nil { // the last one wins
+					return err
+				}
+				return effectHandler(ctx, tx, ev)
+			},
+		}
+		c.Routes["Legacy"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+			SetResultRef(ctx, "legacy:7") // deprecated, still records
 			return effectHandler(ctx, tx, ev)
+		}}
+		c.Routes["Long"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+			if err := ev.SetResultRef(strings.Repeat("é", 300)); err != nil {
+				return err
+			}
+			return effectHandler(ctx, tx, ev)
+		}}
+		c.Routes["RolledBack"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, ev Event) error {
+			if err := ev.SetResultRef("never"); err != nil {
+				return err
+			}
+			return Permanent(errors.New("refused after setting a ref"))
 		}}
 	})
 	ctx := context.Background()
@@ -356,6 +386,33 @@ func testRedactionAndResultRef(t *testing.T, db *sqlx.DB) {
 	var ref string
 	require.NoError(t, db.Get(&ref, db.Rebind("SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?"), id))
 	require.Equal(t, "order:42", ref)
+
+	// Outside a handler SetResultRef fails and records nothing: in Validate,
+	// on the handler's Event once the handler returned, on an Event built by
+	// hand; the deprecated context form does nothing with another context.
+	require.ErrorIs(t, validateErr, ErrNotInHandler)
+	require.Equal(t, id, leaked.ID)
+	require.ErrorIs(t, leaked.SetResultRef("too late"), ErrNotInHandler)
+	require.ErrorIs(t, Event{ID: "x"}.SetResultRef("r"), ErrNotInHandler)
+	SetResultRef(ctx, "nowhere")
+	require.NoError(t, db.Get(&ref, db.Rebind("SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?"), id))
+	require.Equal(t, "order:42", ref, "a call after the handler returned changes nothing")
+
+	legacy := wire.NewEventID()
+	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(legacy, "Legacy"), "x")).Result)
+	require.NoError(t, db.Get(&ref, db.Rebind("SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?"), legacy))
+	require.Equal(t, "legacy:7", ref)
+
+	// Truncated to the column's 255 characters, never mid-character.
+	long := wire.NewEventID()
+	require.Equal(t, ResultApplied, p.Process(ctx, msg(ev(long, "Long"), "x")).Result)
+	require.NoError(t, db.Get(&ref, db.Rebind("SELECT result_ref FROM rmqtx_consume_log WHERE event_id = ?"), long))
+	require.Equal(t, strings.Repeat("é", 255), ref)
+
+	// A handler that fails leaves no dedup row, so no reference either.
+	rb := wire.NewEventID()
+	require.Equal(t, ResultParked, p.Process(ctx, msg(ev(rb, "RolledBack"), "x")).Result)
+	require.Equal(t, 0, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_log WHERE event_id = ?", rb))
 }
 
 func TestDeadLetterStore(t *testing.T) {

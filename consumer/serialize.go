@@ -6,10 +6,7 @@ import (
 	"sync"
 	"time"
 
-	rmq "github.com/apache/rocketmq-client-go/v2/consumer"
-	"github.com/apache/rocketmq-client-go/v2/hooks"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -63,7 +60,7 @@ var errHeldBack = errors.New("consumer: held back: an earlier event of the same 
 
 type ticket struct {
 	key     string
-	mq      primitive.MessageQueue
+	mq      broker.MessageQueue
 	offset  int64
 	prev    *ticket
 	done    chan struct{}
@@ -80,8 +77,8 @@ type keyLine struct {
 type sequencer struct {
 	mu      sync.Mutex
 	lines   map[string]*keyLine
-	tickets map[*primitive.MessageExt]*ticket
-	pulled  map[primitive.MessageQueue][]*ticket // not yet handed over, in pull order
+	tickets map[*broker.MessageExt]*ticket
+	pulled  map[broker.MessageQueue][]*ticket // not yet handed over, in pull order
 	stop    chan struct{}
 	stopped bool
 	stray   time.Duration
@@ -90,26 +87,16 @@ type sequencer struct {
 func newSequencer() *sequencer {
 	return &sequencer{
 		lines:   map[string]*keyLine{},
-		tickets: map[*primitive.MessageExt]*ticket{},
-		pulled:  map[primitive.MessageQueue][]*ticket{},
+		tickets: map[*broker.MessageExt]*ticket{},
+		pulled:  map[broker.MessageQueue][]*ticket{},
 		stop:    make(chan struct{}),
 		stray:   strayAfter,
 	}
 }
 
-// hook wraps a filter hook (the shutdown gate's): what it lets through is
-// registered in pull order.
-func (s *sequencer) hook(next hooks.FilterMessageHook) hooks.FilterMessageHook {
-	return func(fc *hooks.FilterMessageContext) ([]*primitive.MessageExt, error) {
-		msgs, err := next(fc)
-		if err == nil && fc.MQ != nil {
-			s.register(*fc.MQ, msgs)
-		}
-		return msgs, err
-	}
-}
-
-func (s *sequencer) register(mq primitive.MessageQueue, msgs []*primitive.MessageExt) {
+// register records a pull result the shutdown gate let through
+// (broker.PushConsumerConfig.OnPulled), in pull order.
+func (s *sequencer) register(mq broker.MessageQueue, msgs []*broker.MessageExt) {
 	if len(msgs) == 0 {
 		return
 	}
@@ -157,7 +144,7 @@ func (s *sequencer) register(mq primitive.MessageQueue, msgs []*primitive.Messag
 
 // enter marks msgs handed over and returns their tickets (nil: no key, or
 // pulled before the hook was installed: no order to keep).
-func (s *sequencer) enter(msgs []*primitive.MessageExt) []*ticket {
+func (s *sequencer) enter(msgs []*broker.MessageExt) []*ticket {
 	out := make([]*ticket, len(msgs))
 	if s == nil {
 		return out
@@ -272,7 +259,7 @@ func failLevel(o Outcome) int {
 
 // consumeOrdered is consumeBatch with the order kept: each message waits
 // for the earlier events of its key, and is held back when one failed.
-func consumeOrdered(ctx context.Context, s *sequencer, process processFunc, rs resender, msgs []*primitive.MessageExt) (rmq.ConsumeResult, error) {
+func consumeOrdered(ctx context.Context, s *sequencer, process processFunc, rs resender, msgs []*broker.MessageExt) (broker.ConsumeResult, error) {
 	ts := s.enter(msgs)
 	outs := make([]Outcome, len(msgs))
 	for i, m := range msgs {
@@ -293,7 +280,7 @@ func consumeOrdered(ctx context.Context, s *sequencer, process processFunc, rs r
 // two events of one key, and an event that fails holds back the later ones
 // of its key instead of letting them apply. Before a round, each of its
 // events waits for the earlier events of its key from other batches.
-func consumeTxBatchOrdered(ctx context.Context, s *sequencer, p *Processor, rs resender, msgs []*primitive.MessageExt) (rmq.ConsumeResult, error) {
+func consumeTxBatchOrdered(ctx context.Context, s *sequencer, p *Processor, rs resender, msgs []*broker.MessageExt) (broker.ConsumeResult, error) {
 	ts := s.enter(msgs)
 	outs := make([]Outcome, len(msgs))
 	var rounds [][]int

@@ -144,7 +144,7 @@ func testShutdownWhileDelivering(t *testing.T, db *sqlx.DB) {
 		wg.Wait()
 		for i, c := range cs {
 			require.NoError(t, errs[i], "round %d: shutdown consumer %d", r, i)
-			discarded += c.gate.Discarded()
+			discarded += c.pc.Discarded()
 		}
 		// The offsets are persisted with one-way requests at Shutdown's end:
 		// wait for the broker to have them (or report what it lacks).

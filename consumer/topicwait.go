@@ -3,14 +3,12 @@ package consumer
 import (
 	"context"
 	"errors"
-	"reflect"
 	"sync"
 	"time"
-	"unsafe"
 
-	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
@@ -26,7 +24,8 @@ import (
 // then, and its periodic route refresh and rebalance cover it), logs once
 // at Warn that the topic does not exist, and watches the name server: when
 // the topic appears it logs at Info and makes the client refresh its
-// routes, heartbeat and rebalance at once, so consuming starts within
+// routes, heartbeat and rebalance at once (broker.PushConsumer.RefreshNow,
+// which reaches what the client's public API lacks), so consuming starts within
 // topicPoll of the topic's creation instead of the client's own 30 s
 // refresh plus 20 s rebalance. A topic that never appears is reported
 // again at Warn every topicRewarn, so it is not silent forever; the
@@ -66,7 +65,7 @@ func (w *topicWatch) stop() {
 }
 
 // watchTopic logs the missing topic and starts the watcher for pc.
-func (c *Consumer) watchTopic(pc rocketmq.PushConsumer) *topicWatch {
+func (c *Consumer) watchTopic(pc broker.PushConsumer) *topicWatch {
 	log := c.cfg.Logger.WithFields(logrus.Fields{"topic": c.cfg.Topic, "consumer_group": c.cfg.Group})
 	log.Warn("consumer: the topic does not exist yet; subscribed, consuming starts when it is created (mqadmin updateTopic or rmqtx topic create)")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -90,7 +89,7 @@ func (c *Consumer) watchTopic(pc rocketmq.PushConsumer) *topicWatch {
 				}
 				log.WithField("waited", time.Since(since).Round(time.Second).String()).
 					Info("consumer: the topic exists now; consuming starts")
-				refreshNow(pc)
+				pc.RefreshNow()
 				return
 			}
 			if time.Since(warned) >= topicRewarn {
@@ -101,49 +100,4 @@ func (c *Consumer) watchTopic(pc rocketmq.PushConsumer) *topicWatch {
 		}
 	}()
 	return w
-}
-
-// refreshNow makes pc's client read its routes, heartbeat its brokers and
-// rebalance now, what Start does for a topic that exists; without it the
-// client does so on its own timers (30 s, 20 s). It does nothing when the
-// client's layout differs from the pinned version's.
-func refreshNow(pc rocketmq.PushConsumer) {
-	defer func() { _ = recover() }()
-	c, ok := pushClient(pc).(interface {
-		UpdateTopicRouteInfo()
-		SendHeartbeatToAllBrokerWithLock()
-		RebalanceIfNotPaused()
-	})
-	if !ok {
-		return
-	}
-	c.UpdateTopicRouteInfo()
-	c.SendHeartbeatToAllBrokerWithLock()
-	c.RebalanceIfNotPaused()
-}
-
-// pushClient returns the client instance behind pc (rocketmq-client-go's
-// internal RMQClient, field client of its embedded defaultConsumer), or nil
-// when the layout differs. The public PushConsumer has no way to refresh
-// routes; the field is set once at construction and only read here, and
-// the methods called take the client's own locks, as its timers do.
-func pushClient(pc rocketmq.PushConsumer) (client any) {
-	defer func() {
-		if recover() != nil {
-			client = nil
-		}
-	}()
-	v := reflect.ValueOf(pc)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil
-	}
-	dc := v.Elem().FieldByName("defaultConsumer")
-	if !dc.IsValid() || dc.Kind() != reflect.Pointer || dc.IsNil() {
-		return nil
-	}
-	f := dc.Elem().FieldByName("client")
-	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
-		return nil
-	}
-	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface()
 }

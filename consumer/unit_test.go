@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/errclass"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/migrate"
 
@@ -48,8 +49,46 @@ func TestClassify(t *testing.T) {
 	var ce *Error
 	require.ErrorAs(t, fmt.Errorf("w: %w", Wait(base)), &ce)
 	require.Equal(t, ClassWait, ce.Class)
-	require.Equal(t, "consumer: permanent: boom", Permanent(base).Error())
+	require.Equal(t, "boom", Permanent(base).Error(), "a class is stored beside the text, not in it")
 	require.Equal(t, ClassTransient, ClassOf(Transient(nil)))
+	require.Equal(t, "transient", Transient(nil).Error())
+	require.False(t, IsRetryable(nil))
+}
+
+// TestUnclassifiedHandlerErrorIsUnknown: the consumer's fallback for an
+// error nobody classified is Unknown, stated in handlerClass, and it is the
+// shared fallback of errclass.ClassOf; the deprecated ClassOf agrees with
+// errclass.ClassOf on every error.
+func TestUnclassifiedHandlerErrorIsUnknown(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{
+		errors.New("plain"),
+		fmt.Errorf("wrapped: %w", errors.New("plain")),
+		fmt.Errorf("%w", ErrHandlerPanic),
+		fmt.Errorf("%w", ErrRetryLimit),
+		context.DeadlineExceeded,
+	} {
+		require.Equal(t, ClassUnknown, handlerClass(err), err.Error())
+		require.Equal(t, errclass.ClassOf(err), ClassOf(err), err.Error())
+		require.True(t, IsRetryable(err), err.Error())
+	}
+	for _, err := range []error{
+		Transient(errors.New("x")), Wait(errors.New("x")), Permanent(errors.New("x")), BadData(errors.New("x")),
+		fmt.Errorf("%w", ErrConflict), fmt.Errorf("%w", ErrVersionGap), fmt.Errorf("%w", ErrMalformed),
+		fmt.Errorf("%w", ErrUnknownEventType), nil,
+	} {
+		require.Equal(t, errclass.ClassOf(err), ClassOf(err), fmt.Sprint(err))
+	}
+	// The sentinels that decide a class keep their text and identity.
+	require.Equal(t, "consumer: aggregate version gap", ErrVersionGap.Error())
+	require.ErrorIs(t, fmt.Errorf("x: %w", Permanent(ErrMalformed)), ErrMalformed)
+	var ce *Error
+	require.ErrorAs(t, fmt.Errorf("x: %w", ErrConflict), &ce)
+	require.Equal(t, ClassConflict, ce.Class)
+
+	// The Processor's use of it, on both databases:
+	// TestProcessHandlerErrorLeavesNoDedupRow (an unclassified handler
+	// error is a retry of class unknown).
 }
 
 func TestDefaultDelayLevel(t *testing.T) {

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/google/uuid"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -34,7 +34,7 @@ type Log interface {
 // Publisher sends a normal message (the republish path). The default is a
 // rocketmq-client-go producer in its own group.
 type Publisher interface {
-	SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error)
+	SendSync(ctx context.Context, msgs ...*broker.Message) (*broker.SendResult, error)
 }
 
 // Config configures a Recovery.

@@ -10,22 +10,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/consumer"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sirupsen/logrus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
-	"github.com/rmqtx/rmqtx/internal/failpoint"
-	"github.com/rmqtx/rmqtx/internal/otelx"
-	"github.com/rmqtx/rmqtx/internal/broker/pushstop"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -84,9 +80,8 @@ type Recovery struct {
 	started  bool
 	closed   bool
 	pub      Publisher
-	ownPub   rocketmq.Producer
-	pc       rocketmq.PushConsumer
-	gate     *pushstop.Gate // stops pc's delivery before pc shuts down
+	ownPub   broker.Producer
+	pc       broker.PushConsumer // its stop gate stops delivery before it shuts down
 	attempt  int
 	busy     map[string]chan struct{} // event ids being decided in this process
 	inflight sync.WaitGroup           // consume callbacks running
@@ -126,16 +121,16 @@ func (r *Recovery) Start(ctx context.Context) error {
 	}
 	rmqlog.Install(r.cfg.Logger)
 	if r.pub == nil {
-		p, err := rocketmq.NewProducer(
-			producer.WithGroupName(r.cfg.PublisherGroup),
-			producer.WithInstanceName(r.cfg.InstanceName+"-pub"),
-			producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
-			producer.WithSendMsgTimeout(r.cfg.SendTimeout),
-			producer.WithRetry(2),
+		p, err := broker.NewProducer(broker.ProducerConfig{
+			NameServers:  r.cfg.NameServers,
+			Group:        r.cfg.PublisherGroup,
+			InstanceName: r.cfg.InstanceName + "-pub",
+			SendTimeout:  r.cfg.SendTimeout,
+			Retries:      2,
 			// The queue of the event's aggregate (RepublishMessage sets
 			// the key), as txproducer.Send chose it.
-			producer.WithQueueSelector(rmqroute.New()),
-		)
+			Selector: rmqroute.New(),
+		})
 		if err != nil {
 			return fmt.Errorf("discard: publisher: %w", err)
 		}
@@ -194,25 +189,24 @@ func (r *Recovery) subscribe() error {
 		return errStopped
 	}
 	r.attempt++
-	// The gate stops delivery before the client shuts down: the upstream
+	// The seam's stop gate stops delivery before the client shuts down
+	// (Shutdown calls pc.Close): the upstream
 	// client's Shutdown can close a pull queue's channel that a pull
 	// goroutine still sends on (apache/rocketmq-client-go#1051), a panic
 	// with no recover.
-	gate := pushstop.New(r.cfg.ConsumerGroup, r.cfg.NameServers)
-	pc, err := rocketmq.NewPushConsumer(
-		consumer.WithGroupName(r.cfg.ConsumerGroup),
-		consumer.WithInstance(fmt.Sprintf("%s-%d", r.cfg.InstanceName, r.attempt)),
-		consumer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
-		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset),
-		consumer.WithConsumeMessageBatchMaxSize(1),
-		consumer.WithMaxReconsumeTimes(maxReconsumeTimes),
-		consumer.WithConsumeTimeout(consumeTimeout),
-		gate.Option(),
-	)
+	pc, err := broker.NewPushConsumer(broker.PushConsumerConfig{
+		Group:             r.cfg.ConsumerGroup,
+		NameServers:       r.cfg.NameServers,
+		InstanceName:      fmt.Sprintf("%s-%d", r.cfg.InstanceName, r.attempt),
+		FromWhere:         broker.ConsumeFromFirstOffset,
+		BatchSize:         1,
+		MaxReconsumeTimes: maxReconsumeTimes,
+		ConsumeTimeout:    consumeTimeout,
+	})
 	if err != nil {
 		return fmt.Errorf("discard: consumer: %w", err)
 	}
-	if err := pc.Subscribe(Topic, consumer.MessageSelector{}, gate.Wrap(r.consume)); err != nil {
+	if err := pc.Subscribe(Topic, broker.MessageSelector{}, r.consume); err != nil {
 		_ = pc.Shutdown() // never started: no queue is being pulled
 		return fmt.Errorf("discard: subscribe: %w", err)
 	}
@@ -220,46 +214,35 @@ func (r *Recovery) subscribe() error {
 		// Start shuts the consumer down itself when the topic has no route.
 		return fmt.Errorf("discard: consumer start: %w", err)
 	}
-	r.pc, r.gate = pc, gate
+	r.pc = pc
 	return nil
 }
 
 // ensureRetryTopic creates the recovery group's retry topic
 // (%RETRY%<ConsumerGroup>, one queue) on Topic's brokers before the client
-// starts, and waits until the name server routes it. The client learns the
-// route of a topic created later only on its periodic refresh (30 s), so a
-// message handed back on Shutdown would otherwise wait that long. Best
-// effort: the broker creates the topic itself on the first hand-back.
+// starts, and waits until the name server routes it
+// (broker.EnsureRetryTopic): a message handed back on Shutdown would
+// otherwise wait for the client's route refresh (30 s). Best effort: the
+// broker creates the topic itself on the first hand-back.
 func (r *Recovery) ensureRetryTopic(ctx context.Context, brokers []string) {
-	retry := "%RETRY%" + r.cfg.ConsumerGroup
-	if _, err := remoting.MasterBrokers(ctx, r.cfg.NameServers, 0, retry); err == nil {
+	err := broker.EnsureRetryTopic(ctx, broker.RetryTopicSpec{NameServers: r.cfg.NameServers, Group: r.cfg.ConsumerGroup,
+		Brokers: brokers, Topic: Topic, RouteWait: routeWait})
+	if err == nil {
 		return
 	}
-	log := r.cfg.Logger.WithField("retry_topic", retry)
-	for _, addr := range brokers {
-		if err := remoting.CreateTopic(ctx, addr, 0, retry, 1); err != nil {
-			log.WithError(err).Warn("discard: could not create the recovery group's retry topic; handed-back messages may wait for a route refresh")
-			return
-		}
+	log := r.cfg.Logger.WithField("retry_topic", broker.RetryTopic(r.cfg.ConsumerGroup))
+	if errors.Is(err, broker.ErrRetryTopicNotRouted) {
+		log.Debug("discard: the recovery group's retry topic is not routed yet")
+		return
 	}
-	deadline := time.Now().Add(routeWait)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if _, err := remoting.MasterBrokers(ctx, r.cfg.NameServers, 0, retry); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	log.Debug("discard: the recovery group's retry topic is not routed yet")
+	log.WithError(err).Warn("discard: could not create the recovery group's retry topic; handed-back messages may wait for a route refresh")
 }
 
 // consume is the subscription's callback. Each message is retried in
 // process until it is decided; only when recovery stops is it handed back
 // to the broker (or, if the client already dropped the queue, redelivered
 // from its unacknowledged offset), for this or another instance.
-func (r *Recovery) consume(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+func (r *Recovery) consume(ctx context.Context, msgs ...*broker.MessageExt) (broker.ConsumeResult, error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -268,7 +251,7 @@ func (r *Recovery) consume(ctx context.Context, msgs ...*primitive.MessageExt) (
 				return handBack(ctx), nil
 			}
 		}
-		return consumer.ConsumeSuccess, nil // other groups' messages: nothing to decide
+		return broker.ConsumeSuccess, nil // other groups' messages: nothing to decide
 	}
 	r.inflight.Add(1)
 	r.mu.Unlock()
@@ -278,14 +261,12 @@ func (r *Recovery) consume(ctx context.Context, msgs ...*primitive.MessageExt) (
 			return handBack(ctx), nil
 		}
 	}
-	return consumer.ConsumeSuccess, nil
+	return broker.ConsumeSuccess, nil
 }
 
-func handBack(ctx context.Context) consumer.ConsumeResult {
-	if cc, ok := primitive.GetConcurrentlyCtx(ctx); ok {
-		cc.DelayLevelWhenNextConsume = handBackDelayLevel
-	}
-	return consumer.ConsumeRetryLater
+func handBack(ctx context.Context) broker.ConsumeResult {
+	broker.SetNextDelayLevel(ctx, handBackDelayLevel)
+	return broker.ConsumeRetryLater
 }
 
 // attemptState carries what earlier attempts on one delivery achieved.
@@ -296,7 +277,7 @@ type attemptState struct {
 
 // decide handles m until it is decided; it returns false when recovery
 // stopped first.
-func (r *Recovery) decide(m *primitive.MessageExt) bool {
+func (r *Recovery) decide(m *broker.MessageExt) bool {
 	if !r.ours(m) {
 		_, _ = r.Handle(r.runCtx, m) // not ours, or logged and left alone
 		return true
@@ -326,8 +307,8 @@ func (r *Recovery) decide(m *primitive.MessageExt) bool {
 
 // ours reports whether m is a discarded half of this producer group that
 // recovery must decide.
-func (r *Recovery) ours(m *primitive.MessageExt) bool {
-	return m.GetProperty(primitive.PropertyProducerGroup) == r.cfg.Group && m.GetProperty(checkback.PropProbe) == "" &&
+func (r *Recovery) ours(m *broker.MessageExt) bool {
+	return m.GetProperty(broker.PropProducerGroup) == r.cfg.Group && m.GetProperty(checkback.PropProbe) == "" &&
 		m.GetProperty(wire.PropEventID) != ""
 }
 
@@ -385,11 +366,11 @@ func fencesVec(m *metrics.Metrics) *prometheus.CounterVec { return m.CheckbackFe
 // Every decision comes from the txlog row: the message only gives the event
 // id to look up, and the UNIQ_KEY and payload hash that tell whether it is
 // the half that committed.
-func (r *Recovery) Handle(ctx context.Context, m *primitive.MessageExt) (Result, error) {
+func (r *Recovery) Handle(ctx context.Context, m *broker.MessageExt) (Result, error) {
 	return r.handle(ctx, m, 1, &attemptState{})
 }
 
-func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt int, st *attemptState) (res Result, err error) {
+func (r *Recovery) handle(ctx context.Context, m *broker.MessageExt, attempt int, st *attemptState) (res Result, err error) {
 	q := checkback.QueryFromMessage(m) // Topic is "" for a redelivered message
 	res = Result{EventID: q.EventID, HalfKey: q.HalfKey, Attempt: attempt, Redelivered: checkback.Redelivered(m)}
 	defer func() {
@@ -476,12 +457,12 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 			err = r.mark(ctx, &res, notRepublishable(row))
 			return res, err
 		}
-		if msg.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex) == "" && q.HalfKey != "" {
+		if msg.GetProperty(broker.PropUniqKey) == "" && q.HalfKey != "" {
 			// A row that does not record its half's UNIQ_KEY (written
 			// before rmqtx did): keep the discarded half's, so consumers
 			// see the id of the original send. An identifier only, never
 			// used to decide.
-			msg.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, q.HalfKey)
+			msg.WithProperty(broker.PropUniqKey, q.HalfKey)
 		}
 		if r.pub == nil {
 			return res, errors.New("discard: recovery is not started (no publisher)")
@@ -500,8 +481,8 @@ func (r *Recovery) handle(ctx context.Context, m *primitive.MessageExt, attempt 
 			}
 			return res, fmt.Errorf("discard: republish %s: %w", q.EventID, err)
 		}
-		if a, failed := brokerclass.OfStatus(sr.Status); failed {
-			return res, fmt.Errorf("discard: republish %s: broker status %d (%s)", q.EventID, sr.Status, a.Name)
+		if err := broker.CheckSendResult(sr); err != nil {
+			return res, fmt.Errorf("discard: republish %s: broker %w", q.EventID, err)
 		}
 		st.republish = sr.MsgID
 		failpoint.Inject(failpoint.AfterRepublish)
@@ -602,7 +583,7 @@ func (r *Recovery) Shutdown(ctx context.Context) error {
 	var errs []error
 	if r.pc != nil {
 		// Delivery stops first, then the client shuts down (pushstop).
-		if err := r.gate.Shutdown(ctx, r.pc); err != nil {
+		if err := r.pc.Close(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -26,26 +25,26 @@ const Topic = "TRANS_CHECK_MAX_TIME_TOPIC"
 // stray system property in them cannot turn the republish into something
 // else.
 var stripped = map[string]bool{
-	primitive.PropertyTransactionPrepared:            true,
-	primitive.PropertyProducerGroup:                  true,
-	primitive.PropertyRealTopic:                      true,
-	primitive.PropertyRealQueueId:                    true,
-	primitive.PropertyTransactionID:                  true,
-	primitive.PropertyTranscationCheckTimes:          true,
-	primitive.PropertyCheckImmunityTimeInSeconds:     true,
-	primitive.PropertyTranscationPreparedQueueOffset: true,
-	primitive.PropertyMinOffset:                      true,
-	primitive.PropertyMaxOffset:                      true,
-	primitive.PropertyRetryTopic:                     true,
-	primitive.PropertyOriginMessageId:                true,
-	primitive.PropertyReconsumeTime:                  true,
-	primitive.PropertyMaxReconsumeTimes:              true,
-	primitive.PropertyConsumeStartTime:               true,
-	primitive.PropertyDelayTimeLevel:                 true,
-	primitive.PropertyTimerDeliverMS:                 true,
-	primitive.PropertyCluster:                        true,
-	primitive.PropertyMsgRegion:                      true,
-	primitive.PropertyTraceSwitch:                    true,
+	broker.PropTransactionPrepared:  true,
+	broker.PropProducerGroup:        true,
+	broker.PropRealTopic:            true,
+	broker.PropRealQueueID:          true,
+	broker.PropTransactionID:        true,
+	broker.PropCheckTimes:           true,
+	broker.PropCheckImmunitySeconds: true,
+	broker.PropPreparedQueueOffset:  true,
+	broker.PropMinOffset:            true,
+	broker.PropMaxOffset:            true,
+	broker.PropRetryTopic:           true,
+	broker.PropOriginMessageID:      true,
+	broker.PropReconsumeTime:        true,
+	broker.PropMaxReconsumeTimes:    true,
+	broker.PropConsumeStartTime:     true,
+	broker.PropDelayTimeLevel:       true,
+	broker.PropTimerDeliverMS:       true,
+	broker.PropCluster:              true,
+	broker.PropMsgRegion:            true,
+	broker.PropTraceSwitch:          true,
 }
 
 // RepublishProperties returns the properties to put on the normal message
@@ -69,7 +68,7 @@ func RepublishProperties(props map[string]string) map[string]string {
 // Nothing is taken from the discarded message, whose REAL_TOPIC the broker
 // rewrites when it passes through a retry. It returns an error wrapping
 // ErrNotRepublishable when the row lacks what a republish needs.
-func RepublishMessage(row txlog.Row) (*primitive.Message, error) {
+func RepublishMessage(row txlog.Row) (*broker.Message, error) {
 	if reason := notRepublishable(row); reason != "" {
 		return nil, fmt.Errorf("%w: %s: %s", ErrNotRepublishable, row.EventID, reason)
 	}
@@ -90,11 +89,11 @@ func RepublishMessage(row txlog.Row) (*primitive.Message, error) {
 	// key), as txproducer.Send chose it, so the republished event joins its
 	// aggregate's queue (WIRE.md, "Queue routing"). A stored sharding key is
 	// replaced by the one the envelope gives.
-	delete(props, primitive.PropertyShardingKey)
+	delete(props, broker.PropShardingKey)
 	if k := wire.PropertiesRoutingKey(props); k != "" {
-		props[primitive.PropertyShardingKey] = k
+		props[broker.PropShardingKey] = k
 	}
-	msg := primitive.NewMessage(row.Topic, row.Payload)
+	msg := broker.NewMessage(row.Topic, row.Payload)
 	msg.WithProperties(props) // replaces the map: tags and keys after it
 	if row.Tags != "" {
 		msg.WithTag(row.Tags)

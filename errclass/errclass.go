@@ -2,11 +2,28 @@
 // consumer, outbox and replay share: how a failed attempt is handled, what
 // a dead letter records, and the label a metric carries. Each component
 // maps a class onto what it can do (a consumer can wait; an outbox send
-// cannot), but the names and the type are the same everywhere, so an error
-// a handler classifies with one package is understood by the other.
+// cannot), but the names, the error type (Error) and the reading of an
+// error (ClassOf, CodeOf) are the same everywhere, so an error a handler
+// classifies with one package is understood by the other.
+//
+// consumer.Error and outbox.SendError are aliases of Error, and the
+// consumer's and the outbox's constructors (consumer.Permanent,
+// outbox.Permanent, ...) build one. ClassOf falls back to Unknown for an
+// error nobody classified: it is what Unknown means. A component that
+// handles such an error otherwise says so and does it itself: the outbox
+// retries an unclassified send error as Transient (outbox.ClassOf), the
+// consumer retries an unclassified handler error as Unknown, the fallback.
+//
+// txproducer.RetryAdvice is not a class, and answers another question. A
+// class says how rmqtx itself handles a failed attempt of work it owns (a
+// delivery, an outbox row, a replayed dead letter). An Advice is said to
+// the caller of txproducer's Send, who owns the retry: whether to call Send
+// again, and with which event id (the same one, a new one, or not at all).
+// Where both read a broker's answer they read it from the same table
+// (internal/broker/brokerclass): a Permanent answer there is DontRetry for
+// a Send. A Send's errors carry no class (ClassOf says Unknown): read them
+// with RetryAdvice.
 package errclass
-
-import "errors"
 
 // Class is how a failure is handled. It is stored (dead letters, outbox
 // error codes) and used as a metrics label, so the set is small and fixed.
@@ -55,22 +72,3 @@ func (c Class) Valid() bool {
 // Retryable reports whether work that failed with c may be tried again:
 // Transient, Wait and Unknown.
 func (c Class) Retryable() bool { return c == Transient || c == Wait || c == Unknown }
-
-// Classified is an error that carries its class. consumer.Error and
-// outbox.SendError implement it, and so may a caller's own error types.
-type Classified interface {
-	error
-	ErrorClass() Class
-}
-
-// Of returns the class of the outermost Classified error in err's chain,
-// and false when there is none.
-func Of(err error) (Class, bool) {
-	var c Classified
-	if errors.As(err, &c) {
-		if k := c.ErrorClass(); k.Valid() {
-			return k, true
-		}
-	}
-	return "", false
-}

@@ -9,8 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/wire"
@@ -126,7 +125,7 @@ func (l RemotingLookup) queryBroker(ctx context.Context, addr, topic, key string
 		return nil, fmt.Errorf("inspect: query %s on %s: code %d: %s", topic, addr, h.Code, h.Remark)
 	}
 	var out []BrokerMessage
-	for _, m := range primitive.DecodeMessage(body) {
+	for _, m := range broker.DecodeMessages(body) {
 		if !hasKey(m, key) {
 			continue
 		}
@@ -137,7 +136,7 @@ func (l RemotingLookup) queryBroker(ctx context.Context, addr, topic, key string
 	return out, nil
 }
 
-func hasKey(m *primitive.MessageExt, key string) bool {
+func hasKey(m *broker.MessageExt, key string) bool {
 	if m.GetProperty(wire.PropEventID) == key || m.GetProperty(uniqueKeyProperty) == key {
 		return true
 	}
@@ -149,7 +148,7 @@ func hasKey(m *primitive.MessageExt, key string) bool {
 	return false
 }
 
-func brokerMessage(m *primitive.MessageExt) BrokerMessage {
+func brokerMessage(m *broker.MessageExt) BrokerMessage {
 	b := BrokerMessage{
 		Kind: "message", Topic: m.Topic, RealTopic: m.GetProperty(realTopicProperty),
 		OffsetMsgID: m.OffsetMsgId, UniqKey: m.GetProperty(uniqueKeyProperty), Keys: m.GetKeys(), Tags: m.GetTags(),

@@ -5,12 +5,10 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
-	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -126,25 +124,24 @@ func (s *RocketMQSink) SendBatch(ctx context.Context, msgs []*Message) []error {
 		errs[0] = s.Send(ctx, msgs[0])
 		return errs
 	}
-	pm := make([]*primitive.Message, len(msgs))
+	pm := make([]*broker.Message, len(msgs))
 	for i, m := range msgs {
 		if err := s.validate(m); err != nil {
 			return s.eachAlone(ctx, msgs)
 		}
 		pm[i] = RocketMQMessage(m)
-		// The client gives a batch's messages no UNIQ_KEY of their own; a
-		// single send would carry one.
-		pm[i].WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, primitive.CreateUniqID())
 	}
 	// The batch goes to the queue its messages map to (see Batches); the
 	// client copies the first message's Queue onto the batch, and the
 	// sink's selector honours it.
 	pm[0].Queue = s.queues.pick(msgs[0])
-	res, err := s.p.SendSync(ctx, pm...)
+	// SendBatch gives each message the UNIQ_KEY a single send would carry
+	// (the client gives a batch's messages none).
+	res, err := s.p.SendBatch(ctx, pm)
 	var out error
 	if err != nil {
 		out = classifyRocketMQ(ctx, err)
-		if _, coded := brokerclass.CodeOf(err); ctx.Err() == nil && (ClassOf(out) == ClassPermanent || coded) {
+		if _, coded := brokerclass.CodeOf(err); ctx.Err() == nil && (sendClassOf(out) == ClassPermanent || coded) {
 			return s.eachAlone(ctx, msgs)
 		}
 	} else {
@@ -172,18 +169,18 @@ func queueIndex(key string, n int) int { return wire.QueueFor(key, n) }
 // (wire.QueueFor) for single messages, a batch's own queue for batches, and a record of each
 // topic's queue list as the client last passed it, which Batches groups by.
 type queueBook struct {
-	hash    producer.QueueSelector
+	hash    broker.QueueSelector
 	mu      sync.RWMutex
-	byTopic map[string][]*primitive.MessageQueue
+	byTopic map[string][]*broker.MessageQueue
 	rr      atomic.Uint32
 }
 
 func newQueueBook() *queueBook {
-	return &queueBook{hash: rmqroute.New(), byTopic: map[string][]*primitive.MessageQueue{}}
+	return &queueBook{hash: rmqroute.New(), byTopic: map[string][]*broker.MessageQueue{}}
 }
 
-// Select implements producer.QueueSelector.
-func (b *queueBook) Select(m *primitive.Message, queues []*primitive.MessageQueue, lastBroker string) *primitive.MessageQueue {
+// Select implements broker.QueueSelector.
+func (b *queueBook) Select(m *broker.Message, queues []*broker.MessageQueue, lastBroker string) *broker.MessageQueue {
 	b.record(m.Topic, queues)
 	if m.Batch && m.Queue != nil {
 		for _, q := range queues {
@@ -196,14 +193,14 @@ func (b *queueBook) Select(m *primitive.Message, queues []*primitive.MessageQueu
 	return b.hash.Select(m, queues, lastBroker)
 }
 
-func (b *queueBook) record(topic string, queues []*primitive.MessageQueue) {
+func (b *queueBook) record(topic string, queues []*broker.MessageQueue) {
 	b.mu.RLock()
 	old := b.byTopic[topic]
 	b.mu.RUnlock()
 	if sameQueues(old, queues) {
 		return
 	}
-	cp := make([]*primitive.MessageQueue, len(queues))
+	cp := make([]*broker.MessageQueue, len(queues))
 	for i, q := range queues {
 		c := *q
 		cp[i] = &c
@@ -213,7 +210,7 @@ func (b *queueBook) record(topic string, queues []*primitive.MessageQueue) {
 	b.mu.Unlock()
 }
 
-func sameQueues(a, b []*primitive.MessageQueue) bool {
+func sameQueues(a, b []*broker.MessageQueue) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -234,7 +231,7 @@ func (b *queueBook) count(topic string) int {
 // pick returns the queue m's batch goes to: the one its sharding key maps
 // to, or the next one in turn for messages without a key; nil when the
 // topic's queues are not known yet (the client then picks at random).
-func (b *queueBook) pick(m *Message) *primitive.MessageQueue {
+func (b *queueBook) pick(m *Message) *broker.MessageQueue {
 	b.mu.RLock()
 	qs := b.byTopic[m.Destination]
 	b.mu.RUnlock()

@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/configtest"
 )
 
@@ -33,8 +33,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 
 // hangingProducer is a client whose Shutdown never returns.
 type hangingProducer struct {
-	rocketmq.Producer // unused methods panic
-	release           chan struct{}
+	broker.Producer // unused methods panic
+	release         chan struct{}
 }
 
 func (h hangingProducer) Shutdown() error { <-h.release; return nil }

@@ -632,7 +632,7 @@ func (d *Dispatcher) settle(sendCtx context.Context, r claimedRow, out Outcome, 
 	}
 	var n int64
 	var merr error
-	class := ClassOf(err)
+	class := sendClassOf(err)
 	code := truncate(CodeOf(err), maxErrorCode)
 	text := truncate(d.cfg.Redact(err.Error()), maxErrorMessage)
 	if class == ClassPermanent || r.RetryCount >= d.cfg.MaxRetries {

@@ -71,5 +71,11 @@
 // Errors from a Sink are classified (Permanent, Unknown, Transient): a
 // permanent error makes the row DEAD at once; an unknown result or a
 // transient error schedules a RETRY with exponential backoff and full jitter,
-// up to Config.MaxRetries, after which the row is DEAD.
+// up to Config.MaxRetries, after which the row is DEAD. The classes and the
+// error type (SendError is errclass.Error) are those the consumer and replay
+// use; a send maps the consumer's extra classes onto its own (wait is
+// transient, data and conflict are permanent). An error the sink did not
+// classify is transient here (a context deadline: unknown), where
+// errclass.ClassOf says unknown: the dispatcher keeps its own fallback and
+// states it in ClassOf.
 package outbox

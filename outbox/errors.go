@@ -65,26 +65,11 @@ const (
 	ClassPermanent = errclass.Permanent
 )
 
-// SendError is a classified send failure. Code is a short machine-readable
-// reason stored in last_error_code (for example "no_permission", "timeout").
-type SendError struct {
-	Class Class
-	Code  string
-	Err   error
-}
-
-func (e *SendError) Error() string {
-	if e.Err == nil {
-		return "outbox: " + e.Class.String() + " send error (" + e.Code + ")"
-	}
-	return e.Err.Error()
-}
-
-func (e *SendError) Unwrap() error { return e.Err }
-
-// ErrorClass returns the error's class (errclass.Classified): the consumer
-// package reads it too.
-func (e *SendError) ErrorClass() errclass.Class { return e.Class }
+// SendError is a classified send failure: errclass.Error, the one type the
+// consumer, the outbox and replay share (consumer.Error is the same type).
+// Code is a short machine-readable reason stored in last_error_code (for
+// example "no_permission", "timeout"). Its text is the wrapped error's.
+type SendError = errclass.Error
 
 // sendClass maps any class onto what a send can do: "wait" (a precondition
 // not met yet) is transient; "data" (the message can never be processed) and
@@ -108,7 +93,7 @@ func NewSendError(class Class, code string, err error) error {
 	if code == "" {
 		code = class.String()
 	}
-	return &SendError{Class: class, Code: code, Err: err}
+	return errclass.New(class, code, err)
 }
 
 // Permanent marks err as permanent: the row goes DEAD at once. nil stays nil.
@@ -121,12 +106,14 @@ func Transient(err error) error { return NewSendError(ClassTransient, "", err) }
 // row is retried with backoff and the same event id.
 func Unknown(err error) error { return NewSendError(ClassUnknown, "", err) }
 
-// ClassOf returns the class of a send error: that of the outermost
-// classified error in its chain (errclass.Of: a *SendError, a
-// *consumer.Error, or any errclass.Classified; see sendClass for the
-// consumer's extra classes). Unclassified errors are transient, except
-// context deadline errors, which are unknown.
-func ClassOf(err error) Class {
+// sendClassOf is how the dispatcher classifies a send error: the class
+// errclass.Of reads in its chain (a *SendError, a consumer error, or any
+// errclass.Classified), mapped by sendClass. An unclassified error is
+// Transient here, on purpose and unlike errclass.ClassOf's Unknown: a sink's
+// plain error (a refused connection, say) most often means nothing was sent,
+// and it is retried with backoff either way; only a context deadline, after
+// which the receiver may have acted, is Unknown.
+func sendClassOf(err error) Class {
 	if c, ok := errclass.Of(err); ok {
 		return sendClass(c)
 	}
@@ -136,30 +123,43 @@ func ClassOf(err error) Class {
 	return ClassTransient
 }
 
-// CodeOf returns the machine-readable code of a send error ("" for nil).
+// ClassOf returns the class of a send error as the dispatcher handles it:
+// that of the outermost classified error in its chain, mapped onto a send's
+// three classes (wait is transient; data and conflict are permanent).
+// Unclassified errors are transient, except context deadline errors, which
+// are unknown.
+//
+// Deprecated: use errclass.ClassOf to read an error's class. It differs from
+// this function in two ways, both the dispatcher's and kept by it: an
+// unclassified error is Unknown there (Transient here, except a context
+// deadline), and the consumer's wait, data and conflict classes are not
+// mapped onto a send's.
+func ClassOf(err error) Class { return sendClassOf(err) }
+
+// CodeOf returns the machine-readable code of a send error ("" for nil): the
+// Code of the classified error that decides its class, else the name of its
+// class as the dispatcher handles it (sendClassOf), which is what
+// last_error_code stores.
 func CodeOf(err error) string {
 	if err == nil {
 		return ""
 	}
-	// The code of the error that decides the class: the outermost
-	// classified one, when it is a *SendError.
-	var c errclass.Classified
-	if errors.As(err, &c) {
+	if c, ok := errclass.Find(err); ok {
 		if se, ok := c.(*SendError); ok && se.Code != "" {
 			return se.Code
 		}
 	}
-	return ClassOf(err).String()
+	return sendClassOf(err).String()
 }
 
 // IsPermanent reports whether err makes a row DEAD at once.
-func IsPermanent(err error) bool { return err != nil && ClassOf(err) == ClassPermanent }
+func IsPermanent(err error) bool { return err != nil && sendClassOf(err) == ClassPermanent }
 
 // IsUnknown reports whether err is an unknown outcome.
-func IsUnknown(err error) bool { return err != nil && ClassOf(err) == ClassUnknown }
+func IsUnknown(err error) bool { return err != nil && sendClassOf(err) == ClassUnknown }
 
 // IsRetryable reports whether err leads to a RETRY (transient or unknown).
-func IsRetryable(err error) bool { return err != nil && ClassOf(err) != ClassPermanent }
+func IsRetryable(err error) bool { return err != nil && sendClassOf(err) != ClassPermanent }
 
 // FromHTTPStatus classifies an HTTP response status for a FuncSink that calls
 // an HTTP API: nil for 2xx; Transient for 408, 425, 429 and 5xx except 501;

@@ -204,7 +204,7 @@ func (d *Dispatcher) settleHeld(sendCtx context.Context, u []claimedRow, outs []
 		default:
 			err := errs[i]
 			o.out.Err = err
-			o.class = ClassOf(err)
+			o.class = sendClassOf(err)
 			o.code = truncate(CodeOf(err), maxErrorCode)
 			o.text = truncate(d.cfg.Redact(err.Error()), maxErrorMessage)
 			if o.class == ClassPermanent || r.RetryCount >= d.cfg.MaxRetries {

@@ -11,14 +11,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
-	rmqerrors "github.com/apache/rocketmq-client-go/v2/errors"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
-	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/observe"
@@ -78,7 +74,7 @@ type RocketMQConfig struct {
 // from "the topic is missing and auto-create is off": both surface as no
 // route, so no route is retried (bounded by MaxRetries), never DEAD at once.
 type RocketMQSink struct {
-	p             rocketmq.Producer
+	p             broker.Producer
 	queues        *queueBook // the client's queue selector, which batches are grouped by
 	maxBatchBytes int        // <= 0: no batches
 	closeOnce     sync.Once
@@ -108,14 +104,14 @@ func NewRocketMQSink(cfg RocketMQConfig) (*RocketMQSink, error) {
 	}
 	book := newQueueBook()
 	rmqlog.Install(cfg.Logger)
-	p, err := rocketmq.NewProducer(
-		producer.WithNsResolver(primitive.NewPassthroughResolver(cfg.NameServers)),
-		producer.WithGroupName(cfg.Group),
-		producer.WithInstanceName(cfg.InstanceName),
-		producer.WithSendMsgTimeout(cfg.SendTimeout),
-		producer.WithRetry(cfg.Retries),
-		producer.WithQueueSelector(book),
-	)
+	p, err := broker.NewProducer(broker.ProducerConfig{
+		NameServers:  cfg.NameServers,
+		Group:        cfg.Group,
+		InstanceName: cfg.InstanceName,
+		SendTimeout:  cfg.SendTimeout,
+		Retries:      cfg.Retries,
+		Selector:     book,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: rocketmq producer: %w", err)
 	}
@@ -136,8 +132,8 @@ func ShardingKey(e Event) string {
 
 // RocketMQMessage builds the RocketMQ message for m (exported for tools that
 // re-publish rows by hand, such as a replay).
-func RocketMQMessage(m *Message) *primitive.Message {
-	msg := primitive.NewMessage(m.Destination, m.Payload)
+func RocketMQMessage(m *Message) *broker.Message {
+	msg := broker.NewMessage(m.Destination, m.Payload)
 	msg.WithProperties(m.Envelope().Properties(m.Payload))
 	var keys []string
 	if m.MessageKey != "" {
@@ -185,16 +181,19 @@ func (s *RocketMQSink) validate(m *Message) error {
 }
 
 // sendStatus classifies a send result that came with no error, by the
-// broker-answer table every rmqtx sender shares (internal/broker/brokerclass).
-func sendStatus(res *primitive.SendResult) error {
-	if res == nil {
+// reading every rmqtx sender shares (broker.CheckSendResult, on the
+// broker-answer table of internal/broker/brokerclass).
+func sendStatus(res *broker.SendResult) error {
+	err := broker.CheckSendResult(res)
+	var se *broker.StatusError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		return NewSendError(se.Answer.Class, se.Answer.Name, fmt.Errorf("outbox: rocketmq: %w", se))
+	default:
 		return NewSendError(ClassUnknown, "no_result", errors.New("outbox: rocketmq returned no send result"))
 	}
-	a, failed := brokerclass.OfStatus(res.Status)
-	if !failed {
-		return nil
-	}
-	return NewSendError(a.Class, a.Name, fmt.Errorf("outbox: rocketmq: send status %d (%s)", res.Status, a.Name))
 }
 
 // Shutdown shuts the producer down, waiting for the client at most until ctx
@@ -244,7 +243,7 @@ func classifyRocketMQ(ctx context.Context, err error) error {
 	}
 	var nerr net.Error
 	switch {
-	case errors.Is(err, rmqerrors.ErrRequestTimeout), errors.Is(err, context.DeadlineExceeded),
+	case errors.Is(err, broker.ErrRequestTimeout), errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &nerr) && nerr.Timeout():
 		return wrap(ClassUnknown, "timeout", ErrSendTimeout)
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
@@ -258,7 +257,7 @@ func classifyRocketMQ(ctx context.Context, err error) error {
 		errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
 		// the request may have reached the broker
 		return wrap(ClassUnknown, "connection_lost", nil)
-	case errors.Is(err, rmqerrors.ErrNotRunning):
+	case errors.Is(err, broker.ErrNotRunning):
 		return wrap(ClassTransient, "not_running", nil)
 	default:
 		return wrap(ClassTransient, "", nil)

@@ -23,7 +23,9 @@ func (m *Message) IdempotencyKey() string { return m.EventID }
 
 // Sink delivers one message. It returns nil only when the receiver has the
 // message. Errors are classified with Permanent, Transient and Unknown (or a
-// *SendError); unclassified errors are transient. Send must honour ctx: the
+// *SendError, or any errclass.Classified error); unclassified errors are
+// transient (a context deadline: unknown), unlike errclass.ClassOf's
+// fallback, on purpose (see ClassOf). Send must honour ctx: the
 // dispatcher bounds each send with Config.SendTimeout and cancels in-flight
 // sends when Shutdown's context ends. Send is called concurrently.
 type Sink interface {

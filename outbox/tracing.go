@@ -48,7 +48,7 @@ func endDispatch(sp otelx.Span, err error) {
 		sp.End("sent", "")
 		return
 	}
-	sp.End("", ClassOf(err).String())
+	sp.End("", sendClassOf(err).String())
 }
 
 func endDispatchBatch(spans []otelx.Span, errs []error) {

@@ -11,19 +11,18 @@ import (
 	"time"
 	"unicode/utf8"
 
-	rmq "github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
-	"github.com/rmqtx/rmqtx/internal/dialect"
-	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/wire"
@@ -73,6 +72,13 @@ type Item struct {
 	Detail        string    `json:"detail,omitempty"`
 	MsgID         string    `json:"msg_id,omitempty"`
 	SentAt        time.Time `json:"sent_at,omitzero"` // when the send returned OK (replayer's clock)
+	// ErrorClass and ErrorCode classify a failed send (errclass): the
+	// broker's answer (Transient "topic_not_exist", Permanent
+	// "message_illegal", ...), Unknown "timeout", or Unknown for anything
+	// else. Set in the Report only, for a failed send; the audit row's
+	// detail names the answer in its text.
+	ErrorClass errclass.Class `json:"error_class,omitempty"`
+	ErrorCode  string         `json:"error_code,omitempty"`
 }
 
 // Report is the outcome of Replay; it mirrors the audit row.
@@ -106,7 +112,7 @@ type Replayer struct {
 	tr   *otelx.Tracer             // nil: tracing off
 
 	mu      sync.Mutex
-	prod    rmq.Producer
+	prod    broker.Producer
 	started bool
 	closed  bool
 }
@@ -154,16 +160,16 @@ func (r *Replayer) Start(ctx context.Context) error {
 		return fmt.Errorf("replay: start: %w", err)
 	}
 	rmqlog.Install(r.cfg.Logger)
-	p, err := rmq.NewProducer(
-		producer.WithNsResolver(primitive.NewPassthroughResolver(r.cfg.NameServers)),
-		producer.WithGroupName(r.cfg.Group),
-		producer.WithInstanceName(r.cfg.InstanceName),
-		producer.WithSendMsgTimeout(r.cfg.SendTimeout),
-		producer.WithRetry(2),
+	p, err := broker.NewProducer(broker.ProducerConfig{
+		NameServers:  r.cfg.NameServers,
+		Group:        r.cfg.Group,
+		InstanceName: r.cfg.InstanceName,
+		SendTimeout:  r.cfg.SendTimeout,
+		Retries:      2,
 		// The queue of the event's aggregate (replayMessage sets the key),
 		// as the original sender chose it.
-		producer.WithQueueSelector(rmqroute.New()),
-	)
+		Selector: rmqroute.New(),
+	})
 	if err != nil {
 		return fmt.Errorf("replay: producer: %w", err)
 	}
@@ -203,7 +209,7 @@ func (r *Replayer) Shutdown(ctx context.Context) error {
 // bound every rmqtx Close shares.
 func (r *Replayer) Close() error { return shutdown.Close(r.Shutdown) }
 
-func (r *Replayer) producer() (rmq.Producer, error) {
+func (r *Replayer) producer() (broker.Producer, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
@@ -293,7 +299,7 @@ func (r *Replayer) Replay(ctx context.Context, req Request) (Report, error) {
 	return rep, nil
 }
 
-func (r *Replayer) run(ctx context.Context, prod rmq.Producer, req Request, rep *Report) error {
+func (r *Replayer) run(ctx context.Context, prod broker.Producer, req Request, rep *Report) error {
 	cs, err := r.selectCandidates(ctx, req.Selector)
 	if err != nil {
 		return err
@@ -381,7 +387,7 @@ func (r *Replayer) record(ctx context.Context, rep *Report, it Item) {
 // lock, and marks it REPLAYED in the same transaction. A send failure leaves
 // the row as it was (rolled back) and is reported in it, not as an error; a
 // database error before the send is returned.
-func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request, auditID int64, it *Item) error {
+func (r *Replayer) replayOne(ctx context.Context, prod broker.Producer, req Request, auditID int64, it *Item) error {
 	tx, err := r.cfg.DB.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("replay: begin: %w", err)
@@ -414,8 +420,8 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 	res, err := prod.SendSync(sctx, msg)
 	cancel()
 	sp.EndSend(res, err)
-	if a, failed := brokerclass.OfStatus(statusOf(res)); err == nil && failed {
-		err = fmt.Errorf("send status %d (%s)", res.Status, a.Name)
+	if err == nil {
+		err = broker.CheckSendResult(res) // stored with a non-OK status, or no result
 	}
 	if err != nil {
 		// The result may be unknown (a timeout): the message may have gone.
@@ -427,6 +433,8 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 			detail = "send (" + d + "): " + err.Error()
 		}
 		it.Result, it.Detail = ItemFailed, clip(detail, 512)
+		f := sendFailure(err)
+		it.ErrorClass, it.ErrorCode = f.Class, f.ErrorCode()
 		return nil
 	}
 	it.MsgID = res.MsgID
@@ -456,8 +464,8 @@ func (r *Replayer) replayOne(ctx context.Context, prod rmq.Producer, req Request
 // routing key (aggregate, else business key: wire.RoutingKey), so the
 // replayer's selector sends it to the queue wire.QueueFor picks, the queue
 // of the aggregate's other events (WIRE.md, "Queue routing").
-func replayMessage(l consumer.DeadLetter, props map[string]string) *primitive.Message {
-	msg := primitive.NewMessage(l.Topic, l.Payload)
+func replayMessage(l consumer.DeadLetter, props map[string]string) *broker.Message {
+	msg := broker.NewMessage(l.Topic, l.Payload)
 	msg.WithProperties(props)
 	if k := wire.PropertiesRoutingKey(props); k != "" {
 		msg.WithShardingKey(k)
@@ -483,12 +491,4 @@ func clip(s string, n int) string {
 		n--
 	}
 	return s[:n]
-}
-
-// statusOf is res's status, SendOK for no result (the error says why).
-func statusOf(res *primitive.SendResult) primitive.SendStatus {
-	if res == nil {
-		return primitive.SendOK
-	}
-	return res.Status
 }

@@ -8,8 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
@@ -55,7 +54,7 @@ var errEndRefused = errors.New("txproducer: broker refused END_TRANSACTION")
 
 // commit ends the transaction of sr (a half of topic) with COMMIT and waits
 // for the broker's answer.
-func (e *ender) commit(topic string, sr *primitive.TransactionSendResult) error {
+func (e *ender) commit(topic string, sr *broker.TransactionSendResult) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
 	if sr == nil || sr.SendResult == nil || sr.MessageQueue == nil {
@@ -69,7 +68,7 @@ func (e *ender) commit(topic string, sr *primitive.TransactionSendResult) error 
 	if id == "" {
 		id = sr.MsgID
 	}
-	mid, err := primitive.UnmarshalMsgID([]byte(id))
+	mid, err := broker.UnmarshalMsgID([]byte(id))
 	if err != nil {
 		return fmt.Errorf("txproducer: end transaction: message id %q: %w", id, err)
 	}
@@ -77,7 +76,7 @@ func (e *ender) commit(topic string, sr *primitive.TransactionSendResult) error 
 		"producerGroup":        e.group,
 		"tranStateTableOffset": strconv.FormatInt(sr.QueueOffset, 10),
 		"commitLogOffset":      strconv.FormatInt(mid.Offset, 10),
-		"commitOrRollback":     strconv.Itoa(primitive.TransactionCommitType),
+		"commitOrRollback":     strconv.Itoa(broker.TransactionCommitType),
 		"fromTransactionCheck": "false",
 		"msgId":                sr.MsgID,
 		"transactionId":        sr.TransactionID,

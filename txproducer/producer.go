@@ -10,19 +10,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/discard"
-	"github.com/rmqtx/rmqtx/internal/failpoint"
-	"github.com/rmqtx/rmqtx/internal/otelx"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
+	"github.com/rmqtx/rmqtx/internal/failpoint"
+	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
@@ -54,10 +52,10 @@ type Producer struct {
 
 	mu       sync.Mutex
 	state    lifecycle
-	tp       rocketmq.TransactionProducer
+	tp       broker.TxProducer
 	brokers  *watcher // nil: not watching (see rejoin.go)
 	inflight sync.WaitGroup
-	calls    sync.Map // *primitive.Message -> *call
+	calls    sync.Map // *broker.Message -> *call
 }
 
 // New validates cfg and returns a Producer that is not started.
@@ -121,17 +119,12 @@ func (p *Producer) start(ctx context.Context) error {
 		return err
 	}
 	rmqlog.Install(p.cfg.Logger)
-	tp, err := rocketmq.NewTransactionProducer(&listener{p: p},
-		producer.WithGroupName(p.cfg.Group),
-		producer.WithInstanceName(p.cfg.InstanceName),
-		producer.WithNsResolver(primitive.NewPassthroughResolver(p.cfg.NameServers)),
-		producer.WithSendMsgTimeout(p.cfg.SendTimeout),
-		producer.WithRetry(p.cfg.SendRetries),
-		producer.WithInterceptor(probeRollback),
-		// Keyed events go to wire.QueueFor's queue (WIRE.md, "Queue
-		// routing"), as the outbox's do; probes have no key.
-		producer.WithQueueSelector(rmqroute.New()),
-	)
+	tp, err := broker.NewTxProducer(broker.TxProducerConfig{
+		Group: p.cfg.Group, InstanceName: p.cfg.InstanceName, NameServers: p.cfg.NameServers,
+		SendTimeout: p.cfg.SendTimeout, Retries: p.cfg.SendRetries, Listener: &listener{p: p},
+		// A stored probe is ended with ROLLBACK without the listener.
+		ProbeProperty: checkback.PropProbe,
+	})
 	if err != nil {
 		return fmt.Errorf("txproducer: create client: %w", err)
 	}
@@ -157,35 +150,18 @@ func (p *Producer) start(ctx context.Context) error {
 	return nil
 }
 
-func (p *Producer) probe(ctx context.Context, tp rocketmq.TransactionProducer, topic string) error {
-	m := primitive.NewMessage(topic, []byte("rmqtx warm-up probe"))
+func (p *Producer) probe(ctx context.Context, tp broker.TxProducer, topic string) error {
+	m := broker.NewMessage(topic, []byte("rmqtx warm-up probe"))
 	m.WithProperty(checkback.PropProbe, "1")
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.SendTimeout*time.Duration(1+p.cfg.SendRetries))
 	defer cancel()
 	// The client learned the topic's brokers when err is nil, whatever the
-	// status: a stored probe is always ended with ROLLBACK (probeRollback).
+	// status: a stored probe is always ended with ROLLBACK (the seam ends it,
+	// see broker.TxProducerConfig.ProbeProperty).
 	if _, err := tp.SendMessageInTransaction(ctx, m); err != nil {
 		return fmt.Errorf("%w: warm-up probe on %s: %w", ErrStart, topic, err)
 	}
 	return nil
-}
-
-// probeRollback is a send interceptor that makes the client end a stored
-// warm-up probe with ROLLBACK without calling the listener. For any
-// local-transaction answer but COMMIT the client logs an ERROR carrying the
-// whole message ("executeLocalTransaction but state unexpected"), so
-// answering the probe from the listener made every healthy Start log an
-// error. For a half whose send reports a flush timeout the client answers
-// ROLLBACK itself, silently; the probe's result is reported that way. Real
-// Sends pass through untouched, and a failed probe send stays an error.
-func probeRollback(ctx context.Context, req, reply any, next primitive.Invoker) error {
-	err := next(ctx, req, reply)
-	m, _ := req.(*primitive.Message)
-	r, _ := reply.(*primitive.SendResult)
-	if err == nil && m != nil && r != nil && r.Status == primitive.SendOK && m.GetProperty(checkback.PropProbe) != "" {
-		r.Status = primitive.SendFlushDiskTimeout
-	}
-	return err
 }
 
 // call carries one Send's closure and outcome through the client's
@@ -278,7 +254,7 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	}
 	props := env.Properties(msg.Payload)
 	p.tr.Inject(ctx, props) // the Send span's context; stored with the txlog row too
-	rm := primitive.NewMessage(msg.Topic, msg.Payload)
+	rm := broker.NewMessage(msg.Topic, msg.Payload)
 	rm.WithProperties(props)
 	if msg.Tags != "" {
 		rm.WithTag(msg.Tags)
@@ -304,8 +280,8 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	// The half's UNIQ_KEY is chosen here, not by the client (which keeps a
 	// preset one), so the txlog row that names it can be written while the
 	// half is in flight.
-	c.half = primitive.CreateUniqID()
-	rm.WithProperty(primitive.PropertyUniqueClientMessageIdKeyIndex, c.half)
+	c.half = broker.NewUniqID()
+	rm.WithProperty(broker.PropUniqKey, c.half)
 	c.row.Properties = rowProperties(c.props, c.half)
 	// LocalTxTimeout bounds the caller's transaction, not the wait for the
 	// broker: the early transaction begins now, but its clock starts when
@@ -399,7 +375,7 @@ func (p *Producer) existing(c *call, row txlog.Row) {
 // which is always backed by the txlog (COMMIT: our row committed; ROLLBACK:
 // a ROLLED_BACK row is persisted, or the row is another half's; otherwise
 // UNKNOWN and the check decides).
-func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionState {
+func (p *Producer) runLocal(c *call, half string) broker.LocalTransactionState {
 	// The half is stored: from now on the local transaction has
 	// LocalTxTimeout, however long the broker took (see send).
 	deadline := time.Now().Add(p.cfg.LocalTxTimeout)
@@ -443,7 +419,7 @@ func (p *Producer) runLocal(c *call, half string) primitive.LocalTransactionStat
 	}
 	failpoint.Inject(failpoint.AfterLocalCommit)
 	c.state = StateCommitted
-	return primitive.CommitMessageState
+	return broker.CommitMessageState
 }
 
 // txContext is the context fn runs with: parent's values, tx's end (and
@@ -587,7 +563,7 @@ func rowProperties(props map[string]string, half string) string {
 		for k, v := range props {
 			withHalf[k] = v
 		}
-		withHalf[primitive.PropertyUniqueClientMessageIdKeyIndex] = half
+		withHalf[broker.PropUniqKey] = half
 		props = withHalf
 	}
 	b, _ := json.Marshal(props)
@@ -611,7 +587,7 @@ func (p *Producer) shortCtx() (context.Context, context.CancelFunc) {
 
 // rollback persists the local rollback so the answer is final (I3). If that
 // cannot be written the answer is UNKNOWN and a check decides.
-func (p *Producer) rollback(c *call, l logrus.FieldLogger) primitive.LocalTransactionState {
+func (p *Producer) rollback(c *call, l logrus.FieldLogger) broker.LocalTransactionState {
 	c.state = StateRolledBack
 	ctx, cancel := p.shortCtx()
 	defer cancel()
@@ -620,20 +596,20 @@ func (p *Producer) rollback(c *call, l logrus.FieldLogger) primitive.LocalTransa
 	row, _, err := p.log.Fence(ctx, r)
 	if err != nil {
 		l.WithError(err).Warn("txproducer: could not persist the rollback; answering UNKNOWN, a check will fence")
-		return primitive.UnkonwnState
+		return broker.UnknownState
 	}
 	if row.State == txlog.StateCommitted && row.PayloadHash == c.row.PayloadHash && !errors.Is(c.err, ErrLocalTx) {
 		// Another Send with this id committed the same event meanwhile: the
 		// event is committed, and that Send's half delivers it.
 		c.state, c.dup, c.err = StateCommitted, true, nil
 	}
-	return primitive.RollbackMessageState
+	return broker.RollbackMessageState
 }
 
 // duplicate handles an event id that already has a row: another half
 // decided it, so this half is rolled back whatever the row says (a
 // committed event is delivered by the half that committed it).
-func (p *Producer) duplicate(c *call) primitive.LocalTransactionState {
+func (p *Producer) duplicate(c *call) broker.LocalTransactionState {
 	ctx, cancel := p.shortCtx()
 	defer cancel()
 	row, err := p.log.Get(ctx, c.row.EventID)
@@ -642,16 +618,16 @@ func (p *Producer) duplicate(c *call) primitive.LocalTransactionState {
 		// check answers ROLLBACK for it (checkback.OtherHalf). The caller learns the
 		// outcome by sending the same id again.
 		c.state, c.err = StateUnknown, fmt.Errorf("%w: event id exists, its row could not be read: %w", ErrCommitUnknown, err)
-		return primitive.RollbackMessageState
+		return broker.RollbackMessageState
 	}
 	p.existing(c, row)
-	return primitive.RollbackMessageState
+	return broker.RollbackMessageState
 }
 
 // commitFailed learns the outcome of a COMMIT that returned an error by
 // fencing: the INSERT IGNORE waits if the commit is still being applied,
 // and the row then says what happened.
-func (p *Producer) commitFailed(c *call, l logrus.FieldLogger, cerr error) primitive.LocalTransactionState {
+func (p *Producer) commitFailed(c *call, l logrus.FieldLogger, cerr error) broker.LocalTransactionState {
 	ctx, cancel := p.shortCtx()
 	defer cancel()
 	r := c.row
@@ -660,19 +636,19 @@ func (p *Producer) commitFailed(c *call, l logrus.FieldLogger, cerr error) primi
 	if err != nil {
 		c.state, c.err = StateUnknown, fmt.Errorf("%w: %w (reading the outcome: %w)", ErrCommitUnknown, cerr, err)
 		l.WithError(c.err).Error("txproducer: commit outcome unknown; the txlog decides")
-		return primitive.UnkonwnState
+		return broker.UnknownState
 	}
 	if row.State == txlog.StateCommitted {
 		if checkback.OtherHalf(row, c.half) {
 			// Our commit failed and another Send committed the id.
 			p.existing(c, row)
-			return primitive.RollbackMessageState
+			return broker.RollbackMessageState
 		}
 		c.state = StateCommitted
-		return primitive.CommitMessageState
+		return broker.CommitMessageState
 	}
 	c.state, c.err = StateRolledBack, fmt.Errorf("%w: commit: %w", ErrDatabase, cerr)
-	return primitive.RollbackMessageState
+	return broker.RollbackMessageState
 }
 
 // Shutdown stops accepting Sends, waits for the ones in flight (bounded by
@@ -743,36 +719,36 @@ func (p *Producer) Close() error { return shutdown.Close(p.Shutdown) }
 // recover panics: on this client a panic would end the check loop for good.
 type listener struct{ p *Producer }
 
-func (l *listener) ExecuteLocalTransaction(m *primitive.Message) (st primitive.LocalTransactionState) {
+func (l *listener) ExecuteLocalTransaction(m *broker.Message) (st broker.LocalTransactionState) {
 	defer func() {
 		if v := recover(); v != nil {
 			l.p.cfg.Logger.Errorf("txproducer: panic in the local transaction callback: %v", v)
-			st = primitive.UnkonwnState
+			st = broker.UnknownState
 		}
 	}()
 	v, ok := l.p.calls.Load(m)
 	if !ok {
-		// Not a Send of ours (probes never get here, see probeRollback).
-		return primitive.RollbackMessageState
+		// Not a Send of ours (probes never get here, see broker.TxProducerConfig.ProbeProperty).
+		return broker.RollbackMessageState
 	}
 	c := v.(*call)
-	st = l.p.runLocalTraced(c, m.GetProperty(primitive.PropertyUniqueClientMessageIdKeyIndex))
+	st = l.p.runLocalTraced(c, m.GetProperty(broker.PropUniqKey))
 	if lose := l.p.cfg.Test.LoseEnd; lose != nil && lose(c.row.EventID) {
-		return primitive.UnkonwnState
+		return broker.UnknownState
 	}
-	if st == primitive.CommitMessageState && c.keyed {
+	if st == broker.CommitMessageState && c.keyed {
 		// Send ends it itself once the client returns (see endsync.go).
 		c.syncEnd = true
-		return primitive.UnkonwnState
+		return broker.UnknownState
 	}
 	return st
 }
 
-func (l *listener) CheckLocalTransaction(m *primitive.MessageExt) (st primitive.LocalTransactionState) {
+func (l *listener) CheckLocalTransaction(m *broker.MessageExt) (st broker.LocalTransactionState) {
 	defer func() {
 		if v := recover(); v != nil {
 			l.p.cfg.Logger.Errorf("txproducer: panic in the check callback: %v", v)
-			st = primitive.UnkonwnState
+			st = broker.UnknownState
 		}
 	}()
 	return l.p.checker.Check(context.Background(), m).Decision.LocalTransactionState()

@@ -5,8 +5,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2"
-
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
 
@@ -44,7 +43,7 @@ import (
 // the broker whether it lists this instance; one that does not yet is
 // tried again at each poll, for at most rejoinFor, after which the client's
 // own heartbeat has had its turn. The client has no public call for either
-// step (see internalClient).
+// step (the seam reaches it, see broker.TxProducer).
 //
 // Not seen: a broker that restarts before the name server notices it was
 // gone (a host that reboots without closing its connections, within the
@@ -80,11 +79,11 @@ func (w *watcher) stop() {
 // listed, as the first view; nil lets the first poll set it. It returns nil,
 // watching nothing, when BrokerWatchInterval is negative or the client's
 // layout offers no heartbeat.
-func (p *Producer) watchBrokers(tp rocketmq.TransactionProducer, known []string) *watcher {
+func (p *Producer) watchBrokers(tp broker.TxProducer, known []string) *watcher {
 	if p.cfg.BrokerWatchInterval < 0 {
 		return nil
 	}
-	if internalClient(tp) == nil {
+	if !tp.CanHeartbeat() {
 		p.cfg.Logger.Info("txproducer: this rocketmq-client-go offers no heartbeat call; after a broker restart, checks reach this instance only after the client's next heartbeat (30 s)")
 		return nil
 	}
@@ -97,7 +96,7 @@ func (p *Producer) watchBrokers(tp rocketmq.TransactionProducer, known []string)
 	return w
 }
 
-func (p *Producer) watch(ctx context.Context, tp rocketmq.TransactionProducer, known []string) {
+func (p *Producer) watch(ctx context.Context, tp broker.TxProducer, known []string) {
 	l := p.cfg.Logger.WithField("group", p.cfg.Group)
 	view := map[string]bool{}
 	for _, a := range known {
@@ -169,9 +168,9 @@ func accepts(ctx context.Context, addr string, timeout time.Duration) bool {
 // rejoin refreshes the client's routes, heartbeats every broker in them,
 // and drops from pending each broker that now lists this instance, or that
 // has been pending for rejoinFor.
-func (p *Producer) rejoin(ctx context.Context, tp rocketmq.TransactionProducer, pending map[string]time.Time) {
-	refreshRoutes(tp)
-	heartbeatNow(tp)
+func (p *Producer) rejoin(ctx context.Context, tp broker.TxProducer, pending map[string]time.Time) {
+	tp.RefreshRoutes()
+	tp.Heartbeat()
 	for addr, since := range pending {
 		l := p.cfg.Logger.WithFields(map[string]any{"group": p.cfg.Group, "broker": addr})
 		ids, err := remoting.ProducerConnections(ctx, addr, p.cfg.SendTimeout, p.cfg.Group)

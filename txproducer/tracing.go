@@ -3,15 +3,15 @@ package txproducer
 import (
 	"errors"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 )
 
 // runLocalTraced is runLocal inside the local-transaction span; it ends the
 // half message's span first.
-func (p *Producer) runLocalTraced(c *call, half string) primitive.LocalTransactionState {
+func (p *Producer) runLocalTraced(c *call, half string) broker.LocalTransactionState {
 	if p.tr == nil {
 		return p.runLocal(c, half)
 	}
@@ -30,8 +30,8 @@ func (p *Producer) runLocalTraced(c *call, half string) primitive.LocalTransacti
 }
 
 // endHalf ends the half message's span after SendMessageInTransaction.
-func endHalf(sp otelx.Span, sr *primitive.TransactionSendResult, err error) {
-	var r *primitive.SendResult
+func endHalf(sp otelx.Span, sr *broker.TransactionSendResult, err error) {
+	var r *broker.SendResult
 	if sr != nil {
 		r = sr.SendResult
 	}

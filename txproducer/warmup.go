@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"time"
-	"unsafe"
-
-	"github.com/apache/rocketmq-client-go/v2"
 
 	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 )
@@ -34,15 +31,16 @@ var ErrTopicNotFound = errclass.ErrTopicNotFound
 // the timing: a warm-up that ends after the client's first heartbeat leaves
 // the instance unknown to every broker for 30 s, long enough for a broker
 // with short check settings to discard halves it could have committed.
-// So after the probes the client heartbeats at once (heartbeatNow), and
-// Start confirms with each broker that it registered this instance.
+// So after the probes the client heartbeats at once (broker.TxProducer's
+// Heartbeat), and Start confirms with each broker that it registered this
+// instance.
 
 // warmup probes every WarmupTopics topic, registers this instance with every
 // broker of those topics, and logs a warning naming any broker that did not
 // register it, and any master broker of the cluster that serves none of the
 // topics (its halves of this group get no answer from this instance until
 // it sends to a topic there).
-func (p *Producer) warmup(ctx context.Context, tp rocketmq.TransactionProducer, started time.Time) error {
+func (p *Producer) warmup(ctx context.Context, tp broker.TxProducer, started time.Time) error {
 	if len(p.cfg.WarmupTopics) == 0 {
 		return nil
 	}
@@ -55,8 +53,8 @@ func (p *Producer) warmup(ctx context.Context, tp rocketmq.TransactionProducer, 
 			return err
 		}
 	}
-	if !heartbeatNow(tp) {
-		// A client whose layout heartbeatNow does not know: wait for its own
+	if !tp.Heartbeat() {
+		// A client whose layout the seam does not know: wait for its own
 		// first heartbeat, as before.
 		if time.Since(started) > firstHeartbeat-100*time.Millisecond {
 			p.cfg.Logger.Warn("txproducer: warm-up took longer than the client's first heartbeat; checks may reach this instance only after the next one (30 s)")
@@ -132,71 +130,4 @@ func listsInstance(clientIDs []string, instance string) bool {
 		}
 	}
 	return false
-}
-
-// heartbeatNow makes the client heartbeat every broker in its route table
-// now, and returns once they answered. rocketmq-client-go has no public API
-// for it (see internalClient). It reports false, having done nothing, when
-// the client's layout differs.
-func heartbeatNow(tp rocketmq.TransactionProducer) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	hb, ok := internalClient(tp).(interface{ SendHeartbeatToAllBrokerWithLock() })
-	if !ok {
-		return false
-	}
-	hb.SendHeartbeatToAllBrokerWithLock()
-	return true
-}
-
-// refreshRoutes makes the client read the routes of its topics from the
-// name server now (it does every 30 s), which puts a broker that came back
-// into the table heartbeatNow walks: while a broker of a cluster is away,
-// the client's next heartbeat drops it from that table. It reports false,
-// having done nothing, when the client's layout differs.
-func refreshRoutes(tp rocketmq.TransactionProducer) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
-	r, ok := internalClient(tp).(interface{ UpdateTopicRouteInfo() })
-	if !ok {
-		return false
-	}
-	r.UpdateTopicRouteInfo()
-	return true
-}
-
-// internalClient returns the client instance behind tp (rocketmq-client-go's
-// internal RMQClient), or nil when the layout differs. The public
-// TransactionProducer offers only Start, Shutdown and
-// SendMessageInTransaction, and none of them heartbeats (a producer
-// heartbeats at once only in Request, for a topic it has never seen, and a
-// transaction producer has no Request). So the client is reached by
-// reflection, on the unmodified upstream layout of the pinned version: it
-// only reads the client field, which is set once at construction, and the
-// callers use methods that take the client's own locks, as its timers do.
-func internalClient(tp rocketmq.TransactionProducer) (client any) {
-	defer func() {
-		if recover() != nil {
-			client = nil
-		}
-	}()
-	v := reflect.ValueOf(tp)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil
-	}
-	dp := v.Elem().FieldByName("producer")
-	if !dp.IsValid() || dp.Kind() != reflect.Pointer || dp.IsNil() {
-		return nil
-	}
-	c := dp.Elem().FieldByName("client")
-	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
-		return nil
-	}
-	return reflect.NewAt(c.Type(), unsafe.Pointer(c.UnsafeAddr())).Elem().Interface()
 }

@@ -56,7 +56,9 @@ func testRunbookFlow(t *testing.T, db *sqlx.DB) {
 			if !fixed.Load() {
 				return consumer.Permanent(errors.New("points service rejects order"))
 			}
-			consumer.SetResultRef(ctx, "points-for-"+ev.BusinessKey)
+			if err := ev.SetResultRef("points-for-" + ev.BusinessKey); err != nil {
+				return err
+			}
 			_, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO points (event_id, points) VALUES (?, 10)"), ev.ID)
 			return err
 		}},

@@ -120,8 +120,7 @@ func (h *Handlers) PointsRoutes(group string) map[string]consumer.Route {
 				if _, err := tx.ExecContext(ctx, tx.Rebind(sqlFor(tx.DriverName()).addPoints), p.UserID, pts, now); err != nil {
 					return consumer.Transient(err)
 				}
-				consumer.SetResultRef(ctx, fmt.Sprintf("points_ledger:%d", id))
-				return nil
+				return ev.SetResultRef(fmt.Sprintf("points_ledger:%d", id))
 			},
 		},
 	}
@@ -162,7 +161,9 @@ func (h *Handlers) NotificationRoutes(group string) map[string]consumer.Route {
 				}); err != nil {
 					return consumer.Transient(err)
 				}
-				consumer.SetResultRef(ctx, "sms:"+ev.ID)
+				if err := ev.SetResultRef("sms:" + ev.ID); err != nil {
+					return err
+				}
 				notify(h.NotifySMS)
 				return nil
 			},

@@ -11,13 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/admin"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
@@ -228,19 +227,8 @@ func stripComments(s string) string {
 
 // CreateTopics creates the run's topics on the broker, so the consumers
 // can subscribe before the first send.
-func CreateTopics(ctx context.Context, nameServer []string, broker string, topics ...string) error {
-	a, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver(nameServer)))
-	if err != nil {
-		return fmt.Errorf("admin: %w", err)
-	}
-	defer a.Close()
-	for _, t := range topics {
-		if err := a.CreateTopic(ctx, admin.WithTopicCreate(t), admin.WithBrokerAddrCreate(broker),
-			admin.WithReadQueueNums(4), admin.WithWriteQueueNums(4)); err != nil {
-			return fmt.Errorf("create topic %s: %w", t, err)
-		}
-	}
-	return nil
+func CreateTopics(ctx context.Context, nameServer []string, brokerAddr string, topics ...string) error {
+	return broker.CreateTopics(ctx, nameServer, brokerAddr, 4, topics...)
 }
 
 // Run migrates, starts the service, the producer, the consumers and the

@@ -10,8 +10,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/rmqtx/rmqtx/internal/broker"
 )
 
 // Settings are the connection settings.
@@ -63,8 +64,8 @@ func (s Settings) DSN(dbName string) string {
 
 // NameServerResolver returns the explicit name server resolver; the
 // client's default (an HTTP lookup off this machine) is never used.
-func (s Settings) NameServerResolver() primitive.NsResolver {
-	return primitive.NewPassthroughResolver([]string{s.NameServer})
+func (s Settings) NameServerResolver() broker.NsResolver {
+	return broker.NameServers([]string{s.NameServer})
 }
 
 // CheckLoopback refuses any address that is not on loopback.

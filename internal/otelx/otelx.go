@@ -23,12 +23,12 @@ package otelx
 import (
 	"context"
 
-	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -149,7 +149,7 @@ func (t *Tracer) StartFromProps(ctx context.Context, props map[string]string, na
 }
 
 // StartFromMessage is StartFromProps over m's properties.
-func (t *Tracer) StartFromMessage(ctx context.Context, m *primitive.Message, name string, kind trace.SpanKind, a Attrs) (context.Context, Span) {
+func (t *Tracer) StartFromMessage(ctx context.Context, m *broker.Message, name string, kind trace.SpanKind, a Attrs) (context.Context, Span) {
 	if t == nil {
 		return ctx, Span{}
 	}
@@ -188,7 +188,7 @@ func (t *Tracer) Inject(ctx context.Context, props map[string]string) {
 }
 
 // InjectMessage is Inject into m's properties.
-func (t *Tracer) InjectMessage(ctx context.Context, m *primitive.Message) {
+func (t *Tracer) InjectMessage(ctx context.Context, m *broker.Message) {
 	if t == nil {
 		return
 	}
@@ -198,7 +198,7 @@ func (t *Tracer) InjectMessage(ctx context.Context, m *primitive.Message) {
 // InjectContext writes ctx's span context into m's properties if ctx has a
 // valid one, whatever the tracer: a sink uses it to carry on the context its
 // caller (the outbox dispatcher) chose.
-func InjectContext(ctx context.Context, m *primitive.Message) {
+func InjectContext(ctx context.Context, m *broker.Message) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return
 	}
@@ -208,7 +208,7 @@ func InjectContext(ctx context.Context, m *primitive.Message) {
 
 // InjectSpanContext writes sc into m's properties if it is valid (the
 // context an outbox message carries).
-func InjectSpanContext(sc trace.SpanContext, m *primitive.Message) {
+func InjectSpanContext(sc trace.SpanContext, m *broker.Message) {
 	if !sc.IsValid() {
 		return
 	}
@@ -268,19 +268,17 @@ func (s Span) End(outcome, errType string) {
 // EndSend ends a span around a normal send: outcome "sent" with the
 // message id, or error type "send" (the call failed) or "send_status" (the
 // broker stored it with a non-OK status).
-func (s Span) EndSend(r *primitive.SendResult, err error) {
+func (s Span) EndSend(r *broker.SendResult, err error) {
 	if s.s == nil {
 		return
 	}
-	switch {
-	case err != nil || r == nil:
-		s.End("", "send")
-	case r.Status != primitive.SendOK:
-		s.End("", "send_status")
-	default:
-		s.SetMsgID(r.MsgID)
-		s.End("sent", "")
+	// The one reading of a send's answer (broker.SendOutcome).
+	if errType := broker.SendOutcome(r, err); errType != "" {
+		s.End("", errType)
+		return
 	}
+	s.SetMsgID(r.MsgID)
+	s.End("sent", "")
 }
 
 // mapCarrier carries the trace context in a property map. It reads and
@@ -301,7 +299,7 @@ func (c mapCarrier) Set(k, v string) {
 func (c mapCarrier) Keys() []string { return carrierKeys }
 
 // messageCarrier carries the trace context in a message's properties.
-type messageCarrier struct{ m *primitive.Message }
+type messageCarrier struct{ m *broker.Message }
 
 func (c messageCarrier) Get(k string) string { return c.m.GetProperty(k) }
 

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/rmqtx/rmqtx/errclass"
-	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 )
 
 // Timeout bounds each check (ctx may end it sooner): long enough for a

@@ -20,8 +20,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/admin"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/rmqtx/rmqtx/internal/localenv"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/localenv"
 )
 
 // HowToStart is printed when a service cannot be reached.

@@ -16,6 +16,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/observe"
+	"github.com/rmqtx/rmqtx/rmqmsg"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -52,7 +53,7 @@ func (d Decision) String() string {
 }
 
 // LocalTransactionState converts d for the client (through the broker seam).
-func (d Decision) LocalTransactionState() broker.LocalTransactionState {
+func (d Decision) LocalTransactionState() rmqmsg.LocalTransactionState {
 	switch d {
 	case Commit:
 		return broker.CommitMessageState
@@ -114,7 +115,7 @@ type Query struct {
 // REAL_TOPIC as the broker set it on the half message; it is left empty for
 // a message that came back through a consumer retry (Redelivered), because
 // the broker then rewrites REAL_TOPIC to the retry topic.
-func QueryFromMessage(m *broker.MessageExt) Query {
+func QueryFromMessage(m *rmqmsg.MessageExt) Query {
 	topic := m.Topic
 	if rt := m.GetProperty(broker.PropRealTopic); rt != "" {
 		topic = rt
@@ -145,7 +146,7 @@ func QueryFromMessage(m *broker.MessageExt) Query {
 // broker's delay queue and a %RETRY% topic) rather than straight from the
 // topic it was stored in. The broker rewrites REAL_TOPIC of such a message
 // to the retry topic.
-func Redelivered(m *broker.MessageExt) bool {
+func Redelivered(m *rmqmsg.MessageExt) bool {
 	if m.ReconsumeTimes > 0 || m.GetProperty(broker.PropRetryTopic) != "" {
 		return true
 	}
@@ -282,7 +283,7 @@ func (c *Checker) FenceAge() time.Duration { return c.cfg.FenceAge }
 
 // Check answers a check request for m. It never panics and returns within
 // about QueryTimeout.
-func (c *Checker) Check(ctx context.Context, m *broker.MessageExt) Answer {
+func (c *Checker) Check(ctx context.Context, m *rmqmsg.MessageExt) Answer {
 	if m == nil {
 		return c.CheckQuery(ctx, Query{})
 	}

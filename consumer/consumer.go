@@ -19,6 +19,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/observe"
+	"github.com/rmqtx/rmqtx/rmqmsg"
 )
 
 // Config configures a Consumer: the processing core plus the broker wiring,
@@ -61,7 +62,7 @@ type Config struct {
 	// Topic to subscribe to. Required.
 	Topic string
 	// Selector filters by tag or SQL92; default all messages.
-	Selector broker.MessageSelector
+	Selector rmqmsg.MessageSelector
 	// BatchSize is the client's ConsumeMessageBatchMaxSize: the most
 	// messages of one queue handed over at once. Default 1, or
 	// DefaultBatchTxSize (16) with BatchTransaction. Above 1 each message

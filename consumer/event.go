@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/broker"
+	"github.com/rmqtx/rmqtx/rmqmsg"
 )
 
 // Handler applies one event's business effect inside tx. The dedup row is
@@ -66,7 +67,7 @@ type Message struct {
 const propReconsume = "RMQTX_RECONSUME_TIMES"
 
 // MessageFromExt converts a message delivered by rocketmq-client-go.
-func MessageFromExt(m *broker.MessageExt) Message {
+func MessageFromExt(m *rmqmsg.MessageExt) Message {
 	d := Delivery{
 		Topic:          m.Topic,
 		QueueOffset:    m.QueueOffset,

@@ -24,6 +24,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/metrics"
+	"github.com/rmqtx/rmqtx/rmqmsg"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -366,7 +367,7 @@ func fencesVec(m *metrics.Metrics) *prometheus.CounterVec { return m.CheckbackFe
 // Every decision comes from the txlog row: the message only gives the event
 // id to look up, and the UNIQ_KEY and payload hash that tell whether it is
 // the half that committed.
-func (r *Recovery) Handle(ctx context.Context, m *broker.MessageExt) (Result, error) {
+func (r *Recovery) Handle(ctx context.Context, m *rmqmsg.MessageExt) (Result, error) {
 	return r.handle(ctx, m, 1, &attemptState{})
 }
 

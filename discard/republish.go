@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/rmqtx/rmqtx/internal/broker"
+	"github.com/rmqtx/rmqtx/rmqmsg"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -68,7 +69,7 @@ func RepublishProperties(props map[string]string) map[string]string {
 // Nothing is taken from the discarded message, whose REAL_TOPIC the broker
 // rewrites when it passes through a retry. It returns an error wrapping
 // ErrNotRepublishable when the row lacks what a republish needs.
-func RepublishMessage(row txlog.Row) (*broker.Message, error) {
+func RepublishMessage(row txlog.Row) (*rmqmsg.Message, error) {
 	if reason := notRepublishable(row); reason != "" {
 		return nil, fmt.Errorf("%w: %s: %s", ErrNotRepublishable, row.EventID, reason)
 	}

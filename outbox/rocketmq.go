@@ -18,6 +18,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
 	"github.com/rmqtx/rmqtx/observe"
+	"github.com/rmqtx/rmqtx/rmqmsg"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -132,7 +133,7 @@ func ShardingKey(e Event) string {
 
 // RocketMQMessage builds the RocketMQ message for m (exported for tools that
 // re-publish rows by hand, such as a replay).
-func RocketMQMessage(m *Message) *broker.Message {
+func RocketMQMessage(m *Message) *rmqmsg.Message {
 	msg := broker.NewMessage(m.Destination, m.Payload)
 	msg.WithProperties(m.Envelope().Properties(m.Payload))
 	var keys []string

@@ -16,7 +16,8 @@
 // The message values (Message, MessageExt, SendResult, ...) are the
 // client's own value types, given names here: they are plain data, the
 // public API has always accepted them, and an alias keeps every caller's
-// code valid. The behaviour behind the seam is what varies: a test points
+// code valid. The public API spells the ones it shows through package
+// rmqmsg, so no exported signature names an internal type. The behaviour behind the seam is what varies: a test points
 // the name servers at rmqtxtest's in-process broker, which speaks the same
 // wire protocol, and everything above the wire runs unchanged.
 package broker

@@ -28,6 +28,7 @@ import (
 // and nested modules: they are not this module's packages.
 var clientAllowed = []string{
 	"internal/broker",  // the seam
+	"rmqmsg",           // the seam's public face: names of the client's value types, no behaviour
 	"cmd/rmqtx-bench",  // the benchmark's raw-client side, measured against rmqtx
 	"rmqtxtest",        // the test kit: an in-process broker and witnesses
 	"conformance",      // the conformance suite: checks rmqtx against the client

@@ -29,8 +29,8 @@ var owners = map[string]struct{ tables, states []string }{
 // notLibrary are the folders that are not library code: user code
 // (examples, the bench, whose raw sides are what a user writes by hand),
 // test support, vendored code, and the one place dialect SQL lives.
-var notLibrary = []string{"examples", "cmd/rmqtx-bench", "third_party", "internal/testenv", "internal/testbed",
-	"internal/testscript", "internal/tools", "internal/configtest", "internal/dialect", "interop", "faultsuite", "clustersuite", "deploy", "docker"}
+var notLibrary = []string{"examples", "cmd/rmqtx-bench", "third_party", "internal/testenv", "suites",
+	"internal/testscript", "internal/tools", "internal/configtest", "internal/dialect", "interop", "deploy", "docker"}
 
 // mysqlOnly are tokens of MySQL/MariaDB SQL that no library package may
 // use outside internal/dialect and the owners' migrations (which are .sql

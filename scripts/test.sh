@@ -170,7 +170,7 @@ upstream_tests() {
     ./txproducer/ ./checkback/ ./consumer/ ./outbox/ || return
   # shellcheck disable=SC2086
   upstream_test -view=upstream-crash "$mod" -tags failpoints -count=1 -timeout 30m -run '^TestCrashMatrix$' ${RMQTX_TEST_ARGS:-} \
-    ./faultsuite/ || return
+    ./suites/faultsuite/ || return
   summaries upstream
   echo "== upstream client: passed in $((SECONDS - start)) s"
 }

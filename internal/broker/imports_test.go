@@ -33,7 +33,7 @@ var clientAllowed = []string{
 	"rmqtxtest",        // the test kit: an in-process broker and witnesses
 	"conformance",      // the conformance suite: checks rmqtx against the client
 	"internal/testenv", // test helpers: witnesses built on the client
-	"internal/testbed", // the soak test bed's witnesses
+	"suites",           // the fault, cluster and conformance suites and their bed: witnesses
 	"internal/tools",   // test tooling (service readiness, the test guard)
 	"interop",          // interoperability checks with plain client users
 }

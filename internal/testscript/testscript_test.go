@@ -236,7 +236,7 @@ func TestPassingRunPasses(t *testing.T) {
 func TestFailureFailsTheRun(t *testing.T) {
 	g := testguard(t)
 	rc, out, calls := runScript(t, g, script(t), "patched upstream", fakeGo{stream: stream(t, g, "", func(ev [][3]string) [][3]string {
-		return append(ev, [3]string{"faultsuite", "TestCrashMatrix", "fail"}, [3]string{"faultsuite", "", "fail"})
+		return append(ev, [3]string{"suites/faultsuite", "TestCrashMatrix", "fail"}, [3]string{"suites/faultsuite", "", "fail"})
 	}), code: 1})
 	require.Empty(t, judge(rc, calls, true), out)
 	require.Contains(t, out, "== FAIL")
@@ -268,9 +268,9 @@ func TestShortfallsFailTheRun(t *testing.T) {
 		"a skipped test": {func(ev [][3]string) [][3]string {
 			return append(drop("txproducer", "TestCommits")(ev), [3]string{"txproducer", "TestCommits", "skip"})
 		}, "txproducer: TestCommits was skipped"},
-		"a suite that did not run": {drop("faultsuite", ""), "faultsuite: TestCrashMatrix did not run"},
-		"one test that did not run": {drop("clustersuite", "TestBrokerKilledUnderLoad"),
-			"clustersuite: TestBrokerKilledUnderLoad did not run"},
+		"a suite that did not run": {drop("suites/faultsuite", ""), "suites/faultsuite: TestCrashMatrix did not run"},
+		"one test that did not run": {drop("suites/clustersuite", "TestBrokerKilledUnderLoad"),
+			"suites/clustersuite: TestBrokerKilledUnderLoad did not run"},
 		"a test on one database only": {func(ev [][3]string) [][3]string {
 			return append(ev, [3]string{"schema", "TestMigrateComponents/mysql", "pass"})
 		}, "schema: TestMigrateComponents must pass on both databases: postgres did not run"},
@@ -278,8 +278,8 @@ func TestShortfallsFailTheRun(t *testing.T) {
 			return append(ev, [3]string{"txproducer", "TestUnlisted", "pass"})
 		}, "txproducer: ran TestUnlisted, which the names file does not list"},
 		"the failpoints tag missing": {func(ev [][3]string) [][3]string {
-			return append(ev, [3]string{"faultsuite", "TestFailpointsNotCompiled", "pass"})
-		}, "faultsuite: ran TestFailpointsNotCompiled, which must never run here"},
+			return append(ev, [3]string{"suites/faultsuite", "TestFailpointsNotCompiled", "pass"})
+		}, "suites/faultsuite: ran TestFailpointsNotCompiled, which must never run here"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rc, out, calls := runScript(t, g, script(t), "patched", fakeGo{stream: stream(t, g, "", tc.edit)})
@@ -295,15 +295,15 @@ func TestShortfallsFailTheRun(t *testing.T) {
 // passed.
 func TestUpstreamShortfallsFailTheRun(t *testing.T) {
 	g := testguard(t)
-	empty := stream(t, g, "upstream-crash", drop("faultsuite", "TestCrashMatrix"))
+	empty := stream(t, g, "upstream-crash", drop("suites/faultsuite", "TestCrashMatrix"))
 	for name, tc := range map[string]struct {
 		script string
 		f      fakeGo
 		want   string
 	}{
-		"a -run pattern that matches nothing": {script(t), fakeGo{crash: empty}, "faultsuite: TestCrashMatrix did not run"},
+		"a -run pattern that matches nothing": {script(t), fakeGo{crash: empty}, "suites/faultsuite: TestCrashMatrix did not run"},
 		"a -run pattern with a typo": {plant(t, "-run '^TestCrashMatrix$'", "-run '^TestCrashMatrx$'"), fakeGo{},
-			"faultsuite: TestCrashMatrix did not run"},
+			"suites/faultsuite: TestCrashMatrix did not run"},
 		"a package left out": {script(t), fakeGo{broker: stream(t, g, "upstream", drop("checkback", ""))},
 			"checkback: TestCheckFromMessage did not run"},
 		"the test upstream leaves out ran": {script(t), fakeGo{broker: stream(t, g, "upstream", func(ev [][3]string) [][3]string {
@@ -356,8 +356,8 @@ func plant(t *testing.T, old, new string) string {
 func TestPlantedFaultsAreCaught(t *testing.T) {
 	g := testguard(t)
 	good := stream(t, g, "", nil)
-	noFault := stream(t, g, "", drop("faultsuite", ""))
-	noCrash := stream(t, g, "upstream-crash", drop("faultsuite", "TestCrashMatrix"))
+	noFault := stream(t, g, "", drop("suites/faultsuite", ""))
+	noCrash := stream(t, g, "upstream-crash", drop("suites/faultsuite", "TestCrashMatrix"))
 	for name, tc := range map[string]struct {
 		old, new string
 		views    string

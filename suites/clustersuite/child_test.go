@@ -19,8 +19,8 @@ import (
 
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
-	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 	"github.com/rmqtx/rmqtx/txproducer"
 	"github.com/rmqtx/rmqtx/wire"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/testbed"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 )
 
 // Flags. Zero values pick the CI defaults, or the soak defaults with -soak.

@@ -85,7 +85,7 @@ func TestSummaryPerDatabase(t *testing.T) {
 
 // guarded are the test-support packages that library code must not import.
 var guarded = []string{
-	"github.com/rmqtx/rmqtx/internal/testbed",
+	"github.com/rmqtx/rmqtx/suites/internal/testbed",
 	"github.com/rmqtx/rmqtx/internal/testenv",
 	"github.com/rmqtx/rmqtx/internal/configtest",
 }
@@ -156,5 +156,5 @@ func TestImportGuardFindsAPlantedImport(t *testing.T) {
 	write("outbox/ok_test.go", "package outbox\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
 	write("internal/testbed/bed.go", "package testbed\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
 	write("consumer/clean.go", "package consumer\n\nimport _ \"fmt\"\n")
-	require.Equal(t, []string{"outbox/leak.go: github.com/rmqtx/rmqtx/internal/testbed"}, supportImports(t, root))
+	require.Equal(t, []string{"outbox/leak.go: github.com/rmqtx/rmqtx/suites/internal/testbed"}, supportImports(t, root))
 }

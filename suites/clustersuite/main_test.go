@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rmqtx/rmqtx/internal/testbed"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 )
 
 // suite is the cluster suite's test bed: a private MariaDB, PostgreSQL, name

@@ -5,8 +5,8 @@ package faultsuite
 import (
 	"testing"
 
-	"github.com/rmqtx/rmqtx/internal/testbed"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 )
 
 // bed is one scenario's world (internal/testbed), with the fault suite's

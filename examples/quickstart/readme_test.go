@@ -172,7 +172,7 @@ func TestReadmeGoBlocks(t *testing.T) {
 	tmp := t.TempDir()
 	replace := map[string]string{}
 	var pkgs []string
-	quickstart, fragments, files := false, 0, 0
+	quickstart, fragments, files, mains := false, 0, 0, 0
 	for i, b := range fencedBlocks(t, filepath.Join(root, "README.md")) {
 		if b.lang != "go" {
 			continue
@@ -184,6 +184,9 @@ func TestReadmeGoBlocks(t *testing.T) {
 			continue
 		case isWholeFile(b.text):
 			files++
+			if strings.Contains(b.text, "\npackage main\n") || strings.HasPrefix(b.text, "package main\n") {
+				mains++
+			}
 			dir, src = fmt.Sprintf("readmecheck/file%d", i), b.text
 		default:
 			fragments++
@@ -220,7 +223,7 @@ func TestReadmeGoBlocks(t *testing.T) {
 		t.Fatalf("the go command is needed to build README's blocks: %v", err)
 	}
 	args := []string{"build", "-overlay", ov}
-	if files > 0 { // main packages: their binaries go to a temporary folder
+	if mains > 0 { // main packages: their binaries go to a temporary folder
 		args = append(args, "-o", t.TempDir())
 	}
 	args = append(args, readmeBuildFlags...)

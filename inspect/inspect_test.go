@@ -9,6 +9,7 @@ import (
 	rmq "github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/inspect"
@@ -34,11 +35,17 @@ func TestRedactors(t *testing.T) {
 }
 
 // One event is seen across the txlog, consume log, attempts and dead
-// letters, payloads redacted; absent tables are reported, not fatal.
+// letters, payloads redacted; absent tables are reported, not fatal. On
+// both databases: inspect's queries are the dialect's.
 func TestEventAcrossTables(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
+	testenv.EachDB(t, testEventAcrossTables)
+}
+
+func testEventAcrossTables(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
 	ctx := context.Background()
+	now := time.Now().UTC()
 	prefix := "i" + testenv.RandSuffix(6) + "_" // its own tables: Stuck and Stats count every row
 	require.NoError(t, schema.MigrateAll(ctx, db, prefix))
 	st, err := txlog.New(db, prefix)
@@ -50,16 +57,16 @@ func TestEventAcrossTables(t *testing.T) {
 	require.NoError(t, st.Insert(ctx, tx, txlog.Row{EventID: id, ProducerGroup: "pg", Topic: "orders", EventType: "OrderPaid",
 		State: txlog.StateCommitted, Payload: payload, PayloadHash: wire.Hash(payload), BusinessKey: "o-1", ResolvedBy: txlog.ByLocalCommit}))
 	require.NoError(t, tx.Commit())
-	_, err = db.Exec(`INSERT INTO `+prefix+`consume_log (consumer_group, event_id, event_type, request_hash, status, first_received_at, updated_at)
-		VALUES ('points', ?, 'OrderPaid', ?, 'SUCCESS', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, wire.Hash(payload))
+	_, err = db.Exec(db.Rebind(`INSERT INTO `+prefix+`consume_log (consumer_group, event_id, event_type, request_hash, status, first_received_at, updated_at)
+		VALUES ('points', ?, 'OrderPaid', ?, 'SUCCESS', ?, ?)`), id, wire.Hash(payload), now, now)
 	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO `+prefix+`consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
-		VALUES ('sms', ?, 2, 'transient', 'gateway timeout', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id)
+	_, err = db.Exec(db.Rebind(`INSERT INTO `+prefix+`consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)
+		VALUES ('sms', ?, 2, 'transient', 'gateway timeout', ?, ?)`), id, now, now)
 	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO `+prefix+`dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key,
+	_, err = db.Exec(db.Rebind(`INSERT INTO `+prefix+`dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type, business_key,
 		error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
 		VALUES ('search', 'orders', 1, 7, 'm', ?, 'OrderPaid', 'o-1', 'data', 'bad json', ?, ?, '{"RMQTX_EVENT_ID":"x"}', 0, 'PARKED',
-		UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, id, payload, wire.Hash(payload))
+		?, ?)`), id, payload, wire.Hash(payload), now, now)
 	require.NoError(t, err)
 
 	in, err := inspect.New(inspect.Config{DB: db, TablePrefix: prefix})
@@ -147,23 +154,29 @@ func TestRemotingLookup(t *testing.T) {
 }
 
 // DeadLetters filters in the database (ids, topic, status, ...) before the
-// limit, and DeadLetter finds one by id.
+// limit, and DeadLetter finds one by id. On both databases: the filter is
+// built in the dialect's SQL.
 func TestDeadLettersFilter(t *testing.T) {
 	t.Parallel()
-	db := testenv.DB(t)
+	testenv.EachDB(t, testDeadLettersFilter)
+}
+
+func testDeadLettersFilter(t *testing.T, db *sqlx.DB) {
+	t.Parallel()
 	ctx := context.Background()
 	require.NoError(t, schema.MigrateAll(ctx, db, ""))
-	var ids []int64
+	now := time.Now().UTC()
 	for _, topic := range []string{"orders", "refunds", "orders", "refunds"} {
-		res, err := db.Exec(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
+		_, err := db.Exec(db.Rebind(`INSERT INTO rmqtx_dead_letter (consumer_group, topic, queue_id, queue_offset, msg_id, event_id, event_type,
 			business_key, error_class, error_text, payload, request_hash, properties, reconsume_times, status, first_seen_at, last_seen_at)
-			VALUES ('g', ?, 0, 0, 'm', ?, 'T', 'k', 'data', 'bad', 'p', SHA2('p', 256), '{}', 0, 'PARKED', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`,
-			topic, wire.NewEventID())
+			VALUES ('g', ?, 0, 0, 'm', ?, 'T', 'k', 'data', 'bad', ?, ?, '{}', 0, 'PARKED', ?, ?)`),
+			topic, wire.NewEventID(), []byte("p"), wire.Hash([]byte("p")), now, now)
 		require.NoError(t, err)
-		id, err := res.LastInsertId()
-		require.NoError(t, err)
-		ids = append(ids, id)
 	}
+	// The ids in insert order (PostgreSQL's driver has no LastInsertId).
+	var ids []int64
+	require.NoError(t, db.Select(&ids, "SELECT id FROM rmqtx_dead_letter ORDER BY id"))
+	require.Len(t, ids, 4)
 	in, err := inspect.New(inspect.Config{DB: db})
 	require.NoError(t, err)
 	idsOf := func(rows []inspect.DeadLetterRow) []int64 {

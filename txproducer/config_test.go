@@ -28,50 +28,57 @@ import (
 // exposes without a query tells the same server and schema from a replica,
 // a read/write-splitting proxy or another server with the same schema name
 // (where a check would miss a committed row). Passing DB alone, or a Log
-// built on DB, always works, so the strict rule costs nothing.
+// built on DB, always works, so the strict rule costs nothing. On both
+// databases: the pools are the drivers'.
 func TestConfigLogMustUseDB(t *testing.T) {
 	t.Parallel()
 	s := testenv.Integration(t)
-	shop, other := testenv.DB(t), testenv.DB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, shop.PingContext(ctx))
-	require.NoError(t, other.PingContext(ctx))
-	require.NotEqual(t, testenv.DBName(t, shop), testenv.DBName(t, other), "two databases")
-	// A second pool on shop's own database.
-	shopAgain := testenv.Reopen(t, shop)
-	require.NoError(t, shopAgain.PingContext(ctx))
-	require.Equal(t, testenv.DBName(t, shop), testenv.DBName(t, shopAgain))
+	testenv.EachDB(t, func(t *testing.T, shop *sqlx.DB) {
+		t.Parallel()
+		other := testenv.MySQLDB(t) // a second database on shop's server
+		if shop.DriverName() != "mysql" {
+			other = testenv.PostgresDB(t)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, shop.PingContext(ctx))
+		require.NoError(t, other.PingContext(ctx))
+		require.NotEqual(t, testenv.DBName(t, shop), testenv.DBName(t, other), "two databases")
+		// A second pool on shop's own database.
+		shopAgain := testenv.Reopen(t, shop)
+		require.NoError(t, shopAgain.PingContext(ctx))
+		require.Equal(t, testenv.DBName(t, shop), testenv.DBName(t, shopAgain))
 
-	base := txproducer.Config{NameServers: []string{s.NameServer}, Group: "g"}
-	logOn := func(db *sqlx.DB) *txlog.Store {
-		s, err := txlog.New(db, txlog.DefaultPrefix)
-		require.NoError(t, err)
-		return s
-	}
-	for name, log := range map[string]*txlog.Store{
-		"Log on another database":                logOn(other),
-		"Log on the same database, another pool": logOn(shopAgain),
-	} {
-		c := base
-		c.DB, c.Log = shop, log
-		_, err := txproducer.New(c)
-		require.ErrorIs(t, err, txproducer.ErrConfig, name)
-		require.Contains(t, err.Error(), "Log:", name)
-		require.Equal(t, txproducer.DontRetry, txproducer.RetryAdvice(err), name)
-	}
+		base := txproducer.Config{NameServers: []string{s.NameServer}, Group: "g"}
+		logOn := func(db *sqlx.DB) *txlog.Store {
+			s, err := txlog.New(db, txlog.DefaultPrefix)
+			require.NoError(t, err)
+			return s
+		}
+		for name, log := range map[string]*txlog.Store{
+			"Log on another database":                logOn(other),
+			"Log on the same database, another pool": logOn(shopAgain),
+		} {
+			c := base
+			c.DB, c.Log = shop, log
+			_, err := txproducer.New(c)
+			require.ErrorIs(t, err, txproducer.ErrConfig, name)
+			require.Contains(t, err.Error(), "Log:", name)
+			require.Equal(t, txproducer.DontRetry, txproducer.RetryAdvice(err), name)
+		}
 
-	for name, c := range map[string]txproducer.Config{
-		"DB alone":            {DB: shop},
-		"Log alone":           {Log: logOn(shop)},
-		"Log built on DB":     {DB: shop, Log: logOn(shop)},
-		"same pool, new sqlx": {DB: sqlx.NewDb(shop.DB, "mysql"), Log: logOn(shop)},
-	} {
-		c.NameServers, c.Group = base.NameServers, base.Group
-		p, err := txproducer.New(c)
-		require.NoError(t, err, name)
-		require.Same(t, shop.DB, p.Log().DB().DB, name)
-	}
+		for name, c := range map[string]txproducer.Config{
+			"DB alone":            {DB: shop},
+			"Log alone":           {Log: logOn(shop)},
+			"Log built on DB":     {DB: shop, Log: logOn(shop)},
+			"same pool, new sqlx": {DB: sqlx.NewDb(shop.DB, shop.DriverName()), Log: logOn(shop)},
+		} {
+			c.NameServers, c.Group = base.NameServers, base.Group
+			p, err := txproducer.New(c)
+			require.NoError(t, err, name)
+			require.Same(t, shop.DB, p.Log().DB().DB, name)
+		}
+	})
 }
 
 // A failed Send does not spend its id: every failure that committed

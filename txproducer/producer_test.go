@@ -66,46 +66,48 @@ func TestSendBeforeStartAndAfterShutdown(t *testing.T) {
 
 // Invalid and oversized messages are rejected before anything is sent: the
 // function never runs and no txlog row or consumable message appears.
+// On both databases: no txlog row on either.
 func TestInvalidMessagesRejectedBeforeSending(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
-	cfg := b.config()
-	cfg.MaxPayloadBytes = 1024
-	p := startProducer(t, cfg)
-	ran := false
-	fn := func(context.Context, *sqlx.Tx) error { ran = true; return nil }
-	cases := map[string]func(*txproducer.Message){
-		"empty topic":    func(m *txproducer.Message) { m.Topic = "" },
-		"system topic":   func(m *txproducer.Message) { m.Topic = "RMQ_SYS_TRANS_HALF_TOPIC" },
-		"no event type":  func(m *txproducer.Message) { m.EventType = "" },
-		"long event id":  func(m *txproducer.Message) { m.EventID = strings.Repeat("x", 65) },
-		"control char":   func(m *txproducer.Message) { m.BusinessKey = "a\x01b" },
-		"key with space": func(m *txproducer.Message) { m.Keys = []string{"a b"} },
-		"empty payload":  func(m *txproducer.Message) { m.Payload = nil },
-		"half aggregate": func(m *txproducer.Message) { m.AggregateType = "Order" },
-		"huge headers":   func(m *txproducer.Message) { m.Headers = map[string]string{"h": strings.Repeat("v", 4097)} },
-	}
-	for name, mod := range cases {
-		m := b.msg("")
-		mod(&m)
-		res, err := p.Send(context.Background(), m, fn)
-		require.ErrorIs(t, err, txproducer.ErrInvalidMessage, name)
-		require.False(t, txproducer.IsRetryable(err), name)
-		require.Equal(t, txproducer.StateNotSent, res.State, name)
-	}
-	big := b.msg("")
-	big.Payload = make([]byte, 1025)
-	_, err := p.Send(context.Background(), big, fn)
-	require.ErrorIs(t, err, txproducer.ErrPayloadTooLarge)
-	require.ErrorIs(t, err, txproducer.ErrInvalidMessage)
-	_, err = p.Send(context.Background(), b.msg(""), nil)
-	require.ErrorIs(t, err, txproducer.ErrInvalidMessage)
-	require.False(t, ran, "the local function must not run for a rejected message")
-	n, err := b.store.Count(context.Background(), txlog.Filter{})
-	require.NoError(t, err)
-	require.Zero(t, n)
-	b.sendMarker(t, p)
-	require.Equal(t, 1, b.coll.Snapshot().Distinct(), "only the marker was consumed")
+	eachDB(t, 1, func(t *testing.T, b *bundle) {
+		cfg := b.config()
+		cfg.MaxPayloadBytes = 1024
+		p := startProducer(t, cfg)
+		ran := false
+		fn := func(context.Context, *sqlx.Tx) error { ran = true; return nil }
+		cases := map[string]func(*txproducer.Message){
+			"empty topic":    func(m *txproducer.Message) { m.Topic = "" },
+			"system topic":   func(m *txproducer.Message) { m.Topic = "RMQ_SYS_TRANS_HALF_TOPIC" },
+			"no event type":  func(m *txproducer.Message) { m.EventType = "" },
+			"long event id":  func(m *txproducer.Message) { m.EventID = strings.Repeat("x", 65) },
+			"control char":   func(m *txproducer.Message) { m.BusinessKey = "a\x01b" },
+			"key with space": func(m *txproducer.Message) { m.Keys = []string{"a b"} },
+			"empty payload":  func(m *txproducer.Message) { m.Payload = nil },
+			"half aggregate": func(m *txproducer.Message) { m.AggregateType = "Order" },
+			"huge headers":   func(m *txproducer.Message) { m.Headers = map[string]string{"h": strings.Repeat("v", 4097)} },
+		}
+		for name, mod := range cases {
+			m := b.msg("")
+			mod(&m)
+			res, err := p.Send(context.Background(), m, fn)
+			require.ErrorIs(t, err, txproducer.ErrInvalidMessage, name)
+			require.False(t, txproducer.IsRetryable(err), name)
+			require.Equal(t, txproducer.StateNotSent, res.State, name)
+		}
+		big := b.msg("")
+		big.Payload = make([]byte, 1025)
+		_, err := p.Send(context.Background(), big, fn)
+		require.ErrorIs(t, err, txproducer.ErrPayloadTooLarge)
+		require.ErrorIs(t, err, txproducer.ErrInvalidMessage)
+		_, err = p.Send(context.Background(), b.msg(""), nil)
+		require.ErrorIs(t, err, txproducer.ErrInvalidMessage)
+		require.False(t, ran, "the local function must not run for a rejected message")
+		n, err := b.store.Count(context.Background(), txlog.Filter{})
+		require.NoError(t, err)
+		require.Zero(t, n)
+		b.sendMarker(t, p)
+		require.Equal(t, 1, b.coll.Snapshot().Distinct(), "only the marker was consumed")
+	})
 }
 
 // a. 1000 commits are all consumed: exactly 1000 distinct ids, 1000 txlog

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
@@ -87,27 +88,31 @@ func TestStartChecksFenceAgeAgainstBroker(t *testing.T) {
 // A healthy Start logs no error, neither from rmqtx nor from the client:
 // the warm-up probe used to be rolled back by the listener, and the client
 // logs every such answer at error level. (Not parallel: it routes the
-// client's process-wide logger to its own hook while it runs.)
+// client's process-wide logger to its own hook while it runs, so its two
+// databases run one after the other.) On both databases: Start checks the
+// database before the client starts.
 func TestHealthyStartLogsNoError(t *testing.T) {
-	b := setup(t, 1)
-	l, hook := captureLogger()
-	rmqlog.Route(l)
-	t.Cleanup(func() { rmqlog.Route(nil) })
-	cfg := b.config()
-	cfg.Logger = l
-	cfg.WarmupTopics = []string{b.topic, b.topic + "_second"}
-	testenv.CreateTopic(t, cfg.WarmupTopics[1], 1)
-	p := startProducer(t, cfg)
-	require.NotEmpty(t, hook.AllEntries(), "the client's logger is routed here")
-	for _, e := range hook.AllEntries() {
-		require.Greater(t, e.Level, logrus.ErrorLevel, "a healthy Start logged at %s: %s %v", e.Level, e.Message, e.Data)
-	}
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		b := setupOn(t, db, 1)
+		l, hook := captureLogger()
+		rmqlog.Route(l)
+		t.Cleanup(func() { rmqlog.Route(nil) })
+		cfg := b.config()
+		cfg.Logger = l
+		cfg.WarmupTopics = []string{b.topic, b.topic + "_second"}
+		testenv.CreateTopic(t, cfg.WarmupTopics[1], 1)
+		p := startProducer(t, cfg)
+		require.NotEmpty(t, hook.AllEntries(), "the client's logger is routed here")
+		for _, e := range hook.AllEntries() {
+			require.Greater(t, e.Level, logrus.ErrorLevel, "a healthy Start logged at %s: %s %v", e.Level, e.Message, e.Data)
+		}
 
-	// A committed Send logs no error either, and is consumed.
-	b.sendMarker(t, p)
-	for _, e := range hook.AllEntries() {
-		require.Greater(t, e.Level, logrus.ErrorLevel, "a committed Send logged at %s: %s %v", e.Level, e.Message, e.Data)
-	}
+		// A committed Send logs no error either, and is consumed.
+		b.sendMarker(t, p)
+		for _, e := range hook.AllEntries() {
+			require.Greater(t, e.Level, logrus.ErrorLevel, "a committed Send logged at %s: %s %v", e.Level, e.Message, e.Data)
+		}
+	})
 }
 
 // Start reads the real broker's transactionTimeOut and

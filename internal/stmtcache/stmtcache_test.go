@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -109,50 +110,72 @@ func TestPreparedOncePerConnection(t *testing.T) {
 }
 
 // A transaction of another *sql.DB runs the statement unprepared, with the
-// same result; a statement's own error comes back as is.
+// same result; a statement's own error comes back as is. On both
+// databases: the cache serves rmqtx's statements on each.
 func TestOtherDatabaseAndErrors(t *testing.T) {
-	db := testenv.DB(t)
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		testOtherDatabaseAndErrors(t, db)
+	})
+}
+
+// isDBError reports whether err is the server's error for a duplicate key
+// (dup) or a missing table (!dup), as MariaDB or PostgreSQL numbers it.
+func isDBError(err error, dup bool) bool {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return (dup && me.Number == 1062) || (!dup && me.Number == 1146)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return (dup && pe.Code == "23505") || (!dup && pe.Code == "42P01")
+	}
+	return false
+}
+
+func testOtherDatabaseAndErrors(t *testing.T, db *sqlx.DB) {
 	ctx := context.Background()
+	q := db.Rebind
 	_, err := db.ExecContext(ctx, "CREATE TABLE kv (k VARCHAR(64) PRIMARY KEY, v INT NOT NULL)")
 	require.NoError(t, err)
-	other := single(t, db, nil)
+	other := testenv.Reopen(t, db)
+	other.SetMaxOpenConns(1)
 	c := stmtcache.New(db)
 	defer c.Close()
 
 	tx, err := other.BeginTxx(ctx, nil)
 	require.NoError(t, err)
-	_, err = c.ExecOn(ctx, tx, "INSERT INTO kv (k, v) VALUES (?, ?)", "x", 7)
+	_, err = c.ExecOn(ctx, tx, q("INSERT INTO kv (k, v) VALUES (?, ?)"), "x", 7)
 	require.NoError(t, err)
-	_, err = c.ExecOn(ctx, tx.Tx, "INSERT INTO kv (k, v) VALUES (?, ?)", "y", 8)
+	_, err = c.ExecOn(ctx, tx.Tx, q("INSERT INTO kv (k, v) VALUES (?, ?)"), "y", 8)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit())
 
-	_, err = c.Exec(ctx, "INSERT INTO kv (k, v) VALUES (?, ?)", "x", 1)
-	var me *mysql.MySQLError
-	require.True(t, errors.As(err, &me) && me.Number == 1062, "duplicate key, got %v", err)
+	_, err = c.Exec(ctx, q("INSERT INTO kv (k, v) VALUES (?, ?)"), "x", 1)
+	require.True(t, isDBError(err, true), "duplicate key, got %v", err)
 
 	var v int
-	err = c.Get(ctx, &v, "SELECT v FROM kv WHERE k = ?", "none")
+	err = c.Get(ctx, &v, q("SELECT v FROM kv WHERE k = ?"), "none")
 	require.ErrorIs(t, err, sql.ErrNoRows)
-	require.NoError(t, c.Get(ctx, &v, "SELECT v FROM kv WHERE k = ?", "y"))
+	require.NoError(t, c.Get(ctx, &v, q("SELECT v FROM kv WHERE k = ?"), "y"))
 	require.Equal(t, 8, v)
 
 	// A statement that cannot be prepared (missing table) reports the
 	// table's error, and works once the table exists.
-	_, err = c.Exec(ctx, "INSERT INTO later (k) VALUES (?)", "a")
-	require.True(t, errors.As(err, &me) && me.Number == 1146, "no such table, got %v", err)
+	_, err = c.Exec(ctx, q("INSERT INTO later (k) VALUES (?)"), "a")
+	require.True(t, isDBError(err, false), "no such table, got %v", err)
 	_, err = db.ExecContext(ctx, "CREATE TABLE later (k VARCHAR(64) PRIMARY KEY)")
 	require.NoError(t, err)
-	_, err = c.Exec(ctx, "INSERT INTO later (k) VALUES (?)", "a")
+	_, err = c.Exec(ctx, q("INSERT INTO later (k) VALUES (?)"), "a")
 	require.NoError(t, err)
 
 	// After Close everything still runs, unprepared.
 	c.Close()
 	var ks []string
-	require.NoError(t, c.Select(ctx, &ks, "SELECT k FROM kv WHERE v > ? ORDER BY k", 0))
+	require.NoError(t, c.Select(ctx, &ks, q("SELECT k FROM kv WHERE v > ? ORDER BY k"), 0))
 	require.Equal(t, []string{"x", "y"}, ks)
 
 	var nilCache *stmtcache.Cache
-	_, err = nilCache.ExecOn(ctx, db, "UPDATE kv SET v = v + ? WHERE k = ?", 1, "x")
+	_, err = nilCache.ExecOn(ctx, db, q("UPDATE kv SET v = v + ? WHERE k = ?"), 1, "x")
 	require.NoError(t, err)
 }

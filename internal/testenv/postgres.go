@@ -20,6 +20,23 @@ const (
 	DBPostgres = "postgres"
 )
 
+// DBMarker starts the line MySQLDB and PostgresDB log (t.Log) for every
+// database they create: "testenv: database mysql rmqtx_t_...". go test
+// -json carries it in the test's output, where testguard reads it: a test
+// whose stream shows one kind of database only fails the suite unless a
+// one-db rule of scripts/test-names.txt says why it is about that one
+// database. The marker is how a new integration test cannot run on one
+// database silently; testguard keeps its own copy of the text (its test
+// checks the two agree).
+const DBMarker = "testenv: database "
+
+// markDB logs DBMarker for a database of kind (DBMySQL or DBPostgres)
+// that t uses.
+func markDB(t testing.TB, kind, name string) {
+	t.Helper()
+	t.Log(DBMarker + kind + " " + name)
+}
+
 // EnvTestDB, set to DBPostgres, makes DB return a PostgreSQL database.
 const EnvTestDB = "RMQTX_TEST_DB"
 
@@ -93,7 +110,9 @@ func probePG() error {
 
 // PostgresDB returns a connection pool (driver "pgx") to a fresh PostgreSQL
 // database that is dropped when the test ends. Like Integration it skips
-// under -short and fails when the server cannot be reached.
+// under -short and fails when the server cannot be reached. It logs
+// DBMarker: a test that calls it and never MySQLDB must run on both
+// databases (EachDB) or have a one-db rule.
 func PostgresDB(t testing.TB) *sqlx.DB {
 	t.Helper()
 	if testing.Short() {
@@ -115,6 +134,7 @@ func PostgresDB(t testing.TB) *sqlx.DB {
 		_ = root.Close()
 		t.Fatalf("testenv: create database: %v\n%s", err, HowToStart)
 	}
+	markDB(t, DBPostgres, name)
 	own := cfg.Copy()
 	own.Database = name
 	db := openPG(own)

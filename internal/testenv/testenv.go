@@ -104,7 +104,8 @@ func Name(t testing.TB, kind string) string {
 // when the test ends; with RMQTX_TEST_DB=postgres, a fresh PostgreSQL
 // database instead (PostgresDB), to run a suite not yet written for both
 // databases against PostgreSQL by hand. Tests that hold for both databases
-// use EachDB.
+// use EachDB; a test that uses DB alone is on one database, which
+// testguard fails (see DBMarker) unless a one-db rule says why.
 func DB(t testing.TB) *sqlx.DB {
 	t.Helper()
 	if os.Getenv(EnvTestDB) == DBPostgres {
@@ -114,7 +115,9 @@ func DB(t testing.TB) *sqlx.DB {
 }
 
 // MySQLDB returns a connection pool to a fresh MariaDB database that is
-// dropped when the test ends.
+// dropped when the test ends. It logs DBMarker: a test that calls it and
+// never PostgresDB must run on both databases (EachDB) or have a one-db
+// rule.
 func MySQLDB(t testing.TB) *sqlx.DB {
 	t.Helper()
 	s := Integration(t)
@@ -129,6 +132,7 @@ func MySQLDB(t testing.TB) *sqlx.DB {
 		_ = root.Close()
 		t.Fatalf("testenv: create database: %v\n%s", err, HowToStart)
 	}
+	markDB(t, DBMySQL, name)
 	db, err := sqlx.Open("mysql", s.DSN(name))
 	if err != nil {
 		t.Fatalf("testenv: %v", err)

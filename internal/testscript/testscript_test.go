@@ -68,7 +68,8 @@ func listed(t *testing.T, guard, view string) (pkgs []string, tests map[string][
 // stream writes a go test -json stream in which every test that view of
 // the names file lists passes (and a crash test's child process returns at
 // once, as it does in the parent), then applies edit to its events
-// (package, test, action) before writing.
+// (package, test, action; an action "output <text>" is a line the test
+// printed) before writing.
 func stream(t *testing.T, guard, view string, edit func(ev [][3]string) [][3]string) string {
 	t.Helper()
 	pkgs, tests := listed(t, guard, view)
@@ -87,7 +88,11 @@ func stream(t *testing.T, guard, view string, edit func(ev [][3]string) [][3]str
 	}
 	var b strings.Builder
 	for _, e := range evs {
-		line, err := json.Marshal(map[string]string{"Action": e[2], "Package": module + e[0], "Test": e[1]})
+		fields := map[string]string{"Action": e[2], "Package": module + e[0], "Test": e[1]}
+		if text, ok := strings.CutPrefix(e[2], "output "); ok { // a line the test printed
+			fields["Action"], fields["Output"] = "output", text+"\n"
+		}
+		line, err := json.Marshal(fields)
 		require.NoError(t, err)
 		b.Write(line)
 		b.WriteByte('\n')
@@ -274,6 +279,9 @@ func TestShortfallsFailTheRun(t *testing.T) {
 		"a test on one database only": {func(ev [][3]string) [][3]string {
 			return append(ev, [3]string{"schema", "TestMigrateComponents/mysql", "pass"})
 		}, "schema: TestMigrateComponents must pass on both databases: postgres did not run"},
+		"a test that used MariaDB only": {func(ev [][3]string) [][3]string {
+			return append(ev, [3]string{"txproducer", "TestCommits", "output     testenv.go:135: testenv: database mysql rmqtx_t_0123456789ab"})
+		}, "txproducer: TestCommits used a mysql database only"},
 		"a test the list does not know": {func(ev [][3]string) [][3]string {
 			return append(ev, [3]string{"txproducer", "TestUnlisted", "pass"})
 		}, "txproducer: ran TestUnlisted, which the names file does not list"},

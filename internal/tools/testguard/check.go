@@ -22,6 +22,7 @@ type report struct {
 	passed   int // of those, passed
 	skipped  int // of those, skipped (-short)
 	bothDBs  int // tests that ran on both databases
+	oneDB    int // tests that used one database, as a one-db rule allows
 }
 
 // check returns every way the run falls short of the rules.
@@ -85,6 +86,7 @@ func check(ex expectRules, nm names, m mode, t tally) report {
 		}
 		if !m.short {
 			rep.bothDBs += checkSubtests(pkg, tests, nm, add)
+			rep.oneDB += checkMarkers(pkg, t.dbs[pkg], nm, add)
 		}
 	}
 	sort.Strings(rep.problems)
@@ -148,6 +150,36 @@ func checkSubtests(pkg string, tests map[string]string, nm names, add func(strin
 		}
 	}
 	return both
+}
+
+// checkMarkers fails a top-level test whose output shows databases of one
+// kind only (testenv's dbMarker lines: it, or its subtests, used MariaDB
+// and never PostgreSQL, or the other way round) unless a one-db rule says
+// why the test is about that one database; and a one-db rule whose test
+// used both, which excuses nothing any more. This is what makes running on
+// both databases the default: testenv.DB or MySQLDB in a new test fails
+// the suite until the test runs on both (testenv.EachDB) or says why not.
+// It returns how many tests used one database by a rule.
+func checkMarkers(pkg string, dbs map[string]map[string]bool, nm names, add func(string, ...any)) int {
+	one := 0
+	for _, test := range sortedKeys(dbs) {
+		r := ref{pkg, test}
+		if _, ok := nm.excluded(r); ok {
+			continue
+		}
+		kinds := sortedKeys(dbs[test])
+		why, ruled := nm.oneDB[r]
+		switch {
+		case len(kinds) == 1 && ruled:
+			one++
+		case len(kinds) == 1:
+			add("%s: %s used a %s database only (its output has %q and no other kind): run it on both (testenv.EachDB) or give it a rule \"one-db %s %s <why>\" in the names file",
+				pkg, test, kinds[0], dbMarker+kinds[0], pkg, test)
+		case ruled:
+			add("%s: %s used both databases, but a one-db rule excuses it (%s): remove the rule", pkg, test, why)
+		}
+	}
+	return one
 }
 
 func sortedKeys[V any](m map[string]V) []string {

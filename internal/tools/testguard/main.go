@@ -8,6 +8,10 @@
 //     list, so the list cannot go stale;
 //   - every test that ran subtests named mysql or postgres (testenv.EachDB)
 //     passed both, unless a one-db rule of the names file says why not;
+//   - no test used one kind of database only: testenv logs a marker line
+//     ("testenv: database mysql ...") for every database it creates, and
+//     a test whose output shows one kind and not the other fails unless a
+//     one-db rule names it (a rule whose test used both fails too);
 //   - nothing was skipped, and no test passed with all its subtests
 //     skipped;
 //   - no test ran that must never run (a forbid rule of the expectations
@@ -114,8 +118,8 @@ func main() {
 	if *short {
 		name += " (-short)"
 	}
-	fmt.Printf("testguard: %s: %d listed tests in %d packages; %d passed, %d skipped; %d tests passed on both databases\n",
-		name, rep.want, len(t.pkgs), rep.passed, rep.skipped, rep.bothDBs)
+	fmt.Printf("testguard: %s: %d listed tests in %d packages; %d passed, %d skipped; %d tests passed on both databases, %d used one database by a one-db rule\n",
+		name, rep.want, len(t.pkgs), rep.passed, rep.skipped, rep.bothDBs, rep.oneDB)
 	if len(rep.problems) > 0 {
 		for _, p := range rep.problems {
 			fmt.Println("testguard: FAIL:", p)

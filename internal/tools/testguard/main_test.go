@@ -186,6 +186,79 @@ func TestOneDBRule(t *testing.T) {
 	require.Equal(t, []string{"failed: schema TestMySQLOnly/postgres"}, problems, "a failure is never excused")
 }
 
+// out is an output event: a line a test printed.
+func out(pkg, test, text string) string {
+	return `{"Action":"output","Package":"github.com/rmqtx/rmqtx/` + pkg + `","Test":"` + test + `","Output":"` + text + `\n"}`
+}
+
+// mark is the line testenv.MySQLDB or PostgresDB logs for a database of
+// kind, as t.Log prints it in a go test -json stream.
+func mark(pkg, test, kind string) string {
+	return out(pkg, test, "    testenv.go:135: "+dbMarker+kind+" rmqtx_t_0123456789ab")
+}
+
+// A test whose output shows databases of one kind only fails, naming the
+// rule that would excuse it; an EachDB test, a test that opens both
+// itself, and a test a one-db rule names pass; a rule whose test used both
+// fails.
+func TestDatabaseMarkers(t *testing.T) {
+	eachDB := with(mark("schema", "TestEachDB/mysql", "mysql"), mark("schema", "TestEachDB/postgres", "postgres"))
+	rep := judge(t, mode{}, eachDB)
+	require.Empty(t, rep.problems)
+	require.Equal(t, 1, rep.bothDBs)
+	require.Zero(t, rep.oneDB)
+
+	ruled := with(mark("schema", "TestMySQLOnly/mysql", "mysql"))
+	rep = judge(t, mode{}, ruled)
+	require.Empty(t, rep.problems, "a one-db rule names TestMySQLOnly")
+	require.Equal(t, 1, rep.oneDB)
+
+	both := with(mark("txproducer", "TestA", "postgres"), mark("txproducer", "TestA", "mysql"))
+	require.Empty(t, judge(t, mode{}, both).problems, "a test that opens both databases itself (no subtests)")
+
+	child := with(mark("txproducer", "TestHelperProcess", "mysql"))
+	require.Empty(t, judge(t, mode{}, child).problems, "a crash test's child process is not a test of its own")
+
+	require.Empty(t, judge(t, mode{}, with(out("txproducer", "TestA", "testenv: database oracle x"), out("txproducer", "", dbMarker+"mysql x"))).problems,
+		"an unknown kind, or a line outside any test, marks nothing")
+
+	fix := `run it on both (testenv.EachDB) or give it a rule "one-db txproducer TestA <why>" in the names file`
+	for name, tc := range map[string]struct {
+		view  string
+		lines []string
+		want  string
+	}{
+		"a new test on MariaDB only (testenv.DB)": {"", with(mark("txproducer", "TestA", "mysql")),
+			`txproducer: TestA used a mysql database only (its output has "testenv: database mysql" and no other kind): ` + fix},
+		"a new test on PostgreSQL only": {"", with(mark("txproducer", "TestA", "postgres")),
+			`txproducer: TestA used a postgres database only`},
+		"a one-database test in a subtest of its own": {"", with(mark("txproducer", "TestB/sub", "mysql")),
+			`txproducer: TestB used a mysql database only`},
+		"a one-database test in a view": {"upstream", []string{
+			ev("pass", "txproducer", "TestA"), mark("txproducer", "TestA", "mysql"), ev("pass", "txproducer", ""),
+		}, `txproducer: TestA used a mysql database only`},
+		"a one-db rule that excuses nothing": {"", with(mark("schema", "TestMySQLOnly/mysql", "mysql"), mark("schema", "TestMySQLOnly/postgres", "postgres"), ev("pass", "schema", "TestMySQLOnly/postgres")),
+			`schema: TestMySQLOnly used both databases, but a one-db rule excuses it (MariaDB's own syntax): remove the rule`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			problems := judge(t, mode{view: tc.view}, tc.lines).problems
+			require.Contains(t, strings.Join(problems, "\n"), tc.want)
+			require.Len(t, problems, 1, "%q", problems)
+		})
+	}
+}
+
+// testguard's copy of the marker is the text testenv logs.
+func TestDBMarkerMatchesTestenv(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "..", "testenv", "postgres.go"))
+	require.NoError(t, err)
+	require.Contains(t, string(src), "const DBMarker = \""+dbMarker+"\"\n")
+	require.Equal(t, "postgres", dbKind("    postgres.go:137: testenv: database postgres rmqtx_t_0123456789ab\n"))
+	require.Equal(t, "mysql", dbKind("testenv: database mysql rmqtx_t_0123456789ab"))
+	require.Empty(t, dbKind("testenv: create database: boom"))
+	require.Empty(t, dbKind("testenv: kept database rmqtx_t_0123456789ab"))
+}
+
 func TestBadRulesAreReported(t *testing.T) {
 	nm := parseNames(strings.NewReader(`nonsense rule here
 exclude * TestX

@@ -24,6 +24,35 @@ type tally struct {
 	outcome map[string]map[string]string
 	failed  []string        // "pkg" (the package failed) or "pkg test", in stream order
 	pkgs    map[string]bool // packages that reported a result
+	// dbs holds, per package and top-level test, the kinds of database
+	// ("mysql", "postgres") its output (its subtests' included) shows a
+	// dbMarker line for: the databases testenv created for it.
+	dbs map[string]map[string]map[string]bool
+}
+
+// dbMarker is testenv.DBMarker: testenv.MySQLDB and PostgresDB log it,
+// followed by the database's kind and name, through t.Log for every
+// database they create, and go test -json carries the line in the test's
+// output. A copy, not an import: this tool must not build the test
+// helpers (TestDBMarkerMatchesTestenv checks the two agree).
+const dbMarker = "testenv: database "
+
+// dbKind returns the kind of database an output line marks ("" for none).
+func dbKind(output string) string {
+	i := strings.Index(output, dbMarker)
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(output[i+len(dbMarker):])
+	if len(f) == 0 {
+		return ""
+	}
+	for _, db := range databases {
+		if f[0] == db {
+			return db
+		}
+	}
+	return ""
 }
 
 var rank = map[string]int{"pass": 1, "skip": 2, "fail": 3}
@@ -34,7 +63,7 @@ var rank = map[string]int{"pass": 1, "skip": 2, "fail": 3}
 // fails; lines that are not JSON (a toolchain message) are echoed as they
 // are.
 func read(r io.Reader, module string, echo io.Writer) (tally, error) {
-	t := tally{outcome: map[string]map[string]string{}, pkgs: map[string]bool{}}
+	t := tally{outcome: map[string]map[string]string{}, pkgs: map[string]bool{}, dbs: map[string]map[string]map[string]bool{}}
 	held := map[string][]string{} // package + test -> its output, until it ends
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -51,6 +80,9 @@ func read(r io.Reader, module string, echo io.Writer) (tally, error) {
 		key := e.Package + "\x00" + e.Test
 		switch e.Action {
 		case "output", "build-output":
+			if kind := dbKind(e.Output); kind != "" && e.Test != "" {
+				t.markDB(pkg, top(e.Test), kind)
+			}
 			if echo != nil {
 				if e.Test == "" {
 					fmt.Fprint(echo, e.Output)
@@ -90,6 +122,16 @@ func read(r io.Reader, module string, echo io.Writer) (tally, error) {
 		return t, fmt.Errorf("testguard: reading the go test -json stream: %w", err)
 	}
 	return t, nil
+}
+
+func (t *tally) markDB(pkg, test, kind string) {
+	if t.dbs[pkg] == nil {
+		t.dbs[pkg] = map[string]map[string]bool{}
+	}
+	if t.dbs[pkg][test] == nil {
+		t.dbs[pkg][test] = map[string]bool{}
+	}
+	t.dbs[pkg][test][kind] = true
 }
 
 // relPkg is an import path relative to the module ("." for its root).

@@ -1,0 +1,184 @@
+package testenv
+
+import (
+	"fmt"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Goroutine-leak checks after lifecycles with traffic (go.mod has no
+// go.uber.org/goleak; this is its IgnoreCurrent + VerifyNone, with the
+// client's known leftovers listed by name and bounded by count).
+//
+// A check takes a baseline of the goroutines alive after one warm-up
+// lifecycle (what a process sets up once: the client's instance table, a
+// database pool's opener, the test's collector), runs the lifecycles, and
+// then waits until every goroutine started since the baseline has ended,
+// except the leftovers it names, each at most the number it allows. Waiting
+// is on that condition, never a fixed sleep: the client's goroutines end a
+// moment after Shutdown returns, and some sleep up to 10 s before they look
+// at it. The test that uses it must not be parallel: it judges every
+// goroutine of the process (go test runs parallel tests only after the
+// sequential ones, so nothing else starts goroutines meanwhile).
+
+// Leftover is a goroutine a lifecycle may leave behind on purpose or
+// because of code rmqtx does not own.
+type Leftover struct {
+	// Func matches a goroutine whose stack holds a frame of a function
+	// whose name contains Func.
+	Func string
+	// PerLifecycle goroutines may stay per lifecycle; Once in all.
+	PerLifecycle, Once int
+	// Why it may stay (logged with the counts).
+	Why string
+}
+
+// Goroutine is one goroutine of a stack dump.
+type Goroutine struct {
+	ID    int
+	Stack string // the goroutine's dump, header included
+}
+
+// Entry is the function the goroutine was started with (its bottom frame),
+// and Top the one it runs now.
+func (g Goroutine) Entry() string { fs := g.frames(); return fs[len(fs)-1] }
+
+// Top is the function the goroutine runs now.
+func (g Goroutine) Top() string { return g.frames()[0] }
+
+func (g Goroutine) frames() []string {
+	var out []string
+	for _, l := range strings.Split(g.Stack, "\n")[1:] {
+		if l == "" || strings.HasPrefix(l, "\t") || strings.HasPrefix(l, "created by ") {
+			continue
+		}
+		if i := strings.LastIndex(l, "("); i > 0 {
+			l = l[:i]
+		}
+		out = append(out, l)
+	}
+	if len(out) == 0 {
+		out = []string{"?"}
+	}
+	return out
+}
+
+func (g Goroutine) has(fn string) bool {
+	for _, f := range g.frames() {
+		if strings.Contains(f, fn) {
+			return true
+		}
+	}
+	return false
+}
+
+// Goroutines returns every goroutine of the process but the caller's.
+func Goroutines() []Goroutine {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out []Goroutine
+	for i, s := range strings.Split(string(buf), "\n\n") {
+		if i == 0 { // the caller's own
+			continue
+		}
+		head, _, _ := strings.Cut(s, " [")
+		id, err := strconv.Atoi(strings.TrimPrefix(head, "goroutine "))
+		if err != nil {
+			continue
+		}
+		out = append(out, Goroutine{ID: id, Stack: s})
+	}
+	return out
+}
+
+// LeakBaseline is the set of goroutines alive when a leak check begins.
+type LeakBaseline map[int]bool
+
+// TakeLeakBaseline records the goroutines alive now.
+func TakeLeakBaseline() LeakBaseline {
+	b := LeakBaseline{}
+	for _, g := range Goroutines() {
+		b[g.ID] = true
+	}
+	return b
+}
+
+// leaks returns the goroutines started since b that no leftover allows,
+// and how many each leftover took.
+func (b LeakBaseline) leaks(lifecycles int, leftovers []Leftover) (leaked []Goroutine, taken []int) {
+	taken = make([]int, len(leftovers))
+	for _, g := range Goroutines() {
+		if b[g.ID] {
+			continue
+		}
+		allowed := false
+		for i, l := range leftovers {
+			if g.has(l.Func) && taken[i] < l.Once+l.PerLifecycle*lifecycles {
+				taken[i]++
+				allowed = true
+				break
+			}
+		}
+		if !allowed {
+			leaked = append(leaked, g)
+		}
+	}
+	return leaked, taken
+}
+
+// AwaitNoLeak waits up to timeout (60 s when 0) until every goroutine
+// started since b has ended, but the leftovers named (each at most Once +
+// PerLifecycle x lifecycles), and fails t with the stacks of the others
+// when they do not end. It logs what each leftover took and how long the
+// goroutines took to settle.
+func (b LeakBaseline) AwaitNoLeak(t testing.TB, what string, lifecycles int, leftovers ...Leftover) {
+	t.Helper()
+	start := time.Now()
+	var leaked []Goroutine
+	var taken []int
+	settled := Await(60*time.Second, func() bool {
+		leaked, taken = b.leaks(lifecycles, leftovers)
+		return len(leaked) == 0
+	})
+	for i, l := range leftovers {
+		t.Logf("COUNTS leak %s: lifecycles=%d leftover %q stayed=%d (allowed %d: %s)", what, lifecycles, l.Func, taken[i],
+			l.Once+l.PerLifecycle*lifecycles, l.Why)
+	}
+	if settled {
+		t.Logf("COUNTS leak %s: lifecycles=%d leaked=0 settled_in=%s", what, lifecycles, time.Since(start).Round(10*time.Millisecond))
+		return
+	}
+	kinds := map[string]int{}
+	for _, g := range leaked {
+		kinds[g.Top()+" <- "+g.Entry()]++
+	}
+	keys := make([]string, 0, len(kinds))
+	for k := range kinds {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "  %d x %s\n", kinds[k], k)
+	}
+	for i, g := range leaked {
+		if i == 5 {
+			fmt.Fprintf(&sb, "... %d more\n", len(leaked)-i)
+			break
+		}
+		sb.WriteString(g.Stack + "\n\n")
+	}
+	t.Fatalf("testenv: %s: %d goroutines started during %d lifecycles outlived them (waited %s):\n%s", what, len(leaked),
+		lifecycles, time.Since(start).Round(time.Second), sb.String())
+}

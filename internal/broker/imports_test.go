@@ -31,7 +31,6 @@ var clientAllowed = []string{
 	"rmqmsg",           // the seam's public face: names of the client's value types, no behaviour
 	"cmd/rmqtx-bench",  // the benchmark's raw-client side, measured against rmqtx
 	"rmqtxtest",        // the test kit: an in-process broker and witnesses
-	"conformance",      // the conformance suite: checks rmqtx against the client
 	"internal/testenv", // test helpers: witnesses built on the client
 	"suites",           // the fault, cluster and conformance suites and their bed: witnesses
 	"internal/tools",   // test tooling (service readiness, the test guard)

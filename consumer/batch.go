@@ -45,7 +45,7 @@ const DefaultBatchTxSize = 16
 // and ones already applied - is decided per event with single mode's dedup
 // step, in a new transaction.
 //
-// The steps are single mode's (processor.go): every message goes through
+// The steps are single mode's (txsteps.go): every message goes through
 // check first, and the dedup cache answers the redeliveries it knows; in
 // the transaction each event runs eventSteps (guard, handler); after it,
 // result turns each event's decision into its outcome. A second copy of an
@@ -150,9 +150,9 @@ func (p *Processor) applyBatch(ctx context.Context, items []item, outs []Outcome
 // reason that is not one event's (the database, a lost transaction, the
 // commit).
 func (p *Processor) runBatchTx(ctx context.Context, evs []*batchEvent, savepoints bool) (failedAt int, err error) {
-	tx, err := p.db.BeginTxx(ctx, nil)
+	tx, err := p.begin(ctx)
 	if err != nil {
-		return -1, fmt.Errorf("consumer: begin: %w", err)
+		return -1, err
 	}
 	defer func() {
 		if tx != nil {
@@ -238,9 +238,8 @@ func (p *Processor) batchDedup(ctx context.Context, tx *sqlx.Tx, evs []*batchEve
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return nil, fmt.Errorf("consumer: rollback: %w", err)
 	}
-	tx, err = p.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("consumer: begin: %w", err)
+	if tx, err = p.begin(ctx); err != nil {
+		return nil, err
 	}
 	for _, e := range evs {
 		if e.decision, err = p.dedupStep(ctx, tx, e.ev); err != nil {

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -28,12 +27,14 @@ import (
 // buffer is bounded so that a buffered row's send starts well inside its
 // lease, and a row that waited too long anyway is handed back unsent.
 //
-// When the Sink is a BatchSink, each claim's rows are grouped by it, a
-// sender sends one group per request, and the claim is held (held.go): its
-// transaction keeps the rows locked while they are sent, and their outcomes
-// are written in it, one write per row. Otherwise a claim writes its rows
-// SENDING with an owner token and a lease, and one goroutine writes the
-// SENT outcomes in batches, one UPDATE per owner token.
+// How a claim takes its rows and how their outcomes are written is the
+// claim strategy (claimer). When the Sink is a BatchSink, each claim's rows
+// are grouped by it, a sender sends one group per request, and the claim is
+// held (held.go): its transaction keeps the rows locked while they are
+// sent, and their outcomes are written in it, one write per row. Otherwise
+// the claim is leased (lease.go): it writes its rows SENDING with an owner
+// token and a lease, and the marker (marker.go) writes the SENT outcomes in
+// batches, one UPDATE per owner token.
 type Dispatcher struct {
 	cfg   Config
 	dl    dialect.Dialect // of cfg.DB, chosen at NewDispatcher
@@ -44,7 +45,8 @@ type Dispatcher struct {
 	wake  chan struct{} // Notify, and a batch of SENT marks written
 	freed chan struct{} // a row finished: room to claim
 
-	batch    BatchSink         // cfg.Sink when it sends batches; nil otherwise
+	claims   claimer           // the claim strategy: held (held.go) or leased (lease.go)
+	batch    BatchSink         // cfg.Sink when it sends batches (then claims is held); nil otherwise
 	rowsCh   chan []claimedRow // claimed rows waiting for a sender, one send's worth each
 	held     atomic.Int64      // claimed rows not yet finished (waiting or sending)
 	maxWait  time.Duration     // longest a claimed row may wait for a sender; 0: no claim-ahead
@@ -52,13 +54,6 @@ type Dispatcher struct {
 	minClaim int               // fewest rows worth a claim while every sender is busy
 	sendEst  atomic.Int64      // estimated duration of one send (ns); 0 until measured
 	rescan   atomic.Bool       // an aggregate's next version may be claimable: scan PENDING from the start
-	// heldClaims counts the held claims not yet committed (batch sinks).
-	heldClaims atomic.Int64
-
-	markMu     sync.Mutex
-	groups     map[string]*markGroup // by owner token: the claims not yet fully recorded
-	markSignal chan struct{}
-	flushAfter time.Duration // longest a sent row waits for its claim's other rows
 
 	mu          sync.Mutex
 	started     bool
@@ -70,8 +65,6 @@ type Dispatcher struct {
 	loopDone    chan struct{}
 	stopWorkers chan struct{}
 	workers     sync.WaitGroup
-	stopMarker  chan struct{}
-	markerDone  chan struct{}
 	background  sync.WaitGroup
 
 	stats struct {
@@ -79,17 +72,31 @@ type Dispatcher struct {
 	}
 }
 
-// sentRow is a row whose send succeeded, waiting for its SENT update.
-type sentRow struct {
-	r   claimedRow
-	out Outcome
-}
-
-// markGroup is one claim (one owner token) as the marker sees it.
-type markGroup struct {
-	left  int       // rows of the claim not yet finished
-	rows  []sentRow // sent rows waiting for the SENT update
-	first time.Time // when the oldest of rows was sent
+// claimer is a claim strategy: how a claim takes its rows, how they are
+// split into sends, and how their outcomes are written. NewDispatcher picks
+// one by the Sink: heldClaimer (held.go) for a BatchSink, leaseClaimer
+// (lease.go) otherwise. The claim loop, the senders and Shutdown go through
+// it, so that each strategy's state stays in its own type.
+type claimer interface {
+	// claim takes up to n due head rows under token with the selected
+	// steps, PENDING resuming at from (queries.lockDue).
+	claim(ctx context.Context, token string, n int, steps stepSet, from any) (claimResult, error)
+	// full reports that no claim may start now; a claim that finishes
+	// wakes the loop.
+	full() bool
+	// units takes charge of a claim's rows (res.rows is not empty) and
+	// splits them into units: what one sender sends in one request.
+	units(res claimResult) [][]claimedRow
+	// settle writes, or leaves to whoever writes them, the outcomes of one
+	// unit: errs holds each row's send error, or is nil when the unit was
+	// not sent (handed back unsent).
+	settle(sendCtx context.Context, u []claimedRow, outs []Outcome, errs []error, logs []logrus.FieldLogger)
+	// release hands back, unsent, units no sender took (at shutdown).
+	release(units [][]claimedRow)
+	// start and stop run the strategy's own goroutine, if it has one; stop
+	// returns when it has written the outcomes the senders left.
+	start()
+	stop()
 }
 
 // Stats are counters since the dispatcher was created.
@@ -122,16 +129,13 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 		return nil, fmt.Errorf("%w: DB: %w", ErrConfig, err)
 	}
 	d := &Dispatcher{
-		cfg:        cfg,
-		dl:         dl,
-		table:      t,
-		tr:         otelx.New(cfg.TracerProvider),
-		q:          newQueries(dl, t.name),
-		wake:       make(chan struct{}, 1),
-		freed:      make(chan struct{}, 1),
-		markSignal: make(chan struct{}, 1),
-		groups:     map[string]*markGroup{},
-		flushAfter: min(cfg.PollInterval, 10*time.Millisecond),
+		cfg:   cfg,
+		dl:    dl,
+		table: t,
+		tr:    otelx.New(cfg.TracerProvider),
+		q:     newQueries(dl, t.name),
+		wake:  make(chan struct{}, 1),
+		freed: make(chan struct{}, 1),
 		// Up to two claims' worth of rows wait for a sender, so the next
 		// claim runs while the senders work through the last one; while every
 		// sender is busy, a claim waits until it can take half a batch.
@@ -150,6 +154,11 @@ func NewDispatcher(cfg Config) (*Dispatcher, error) {
 	// Rows, not groups, are bounded by held: a group holds at least one.
 	d.rowsCh = make(chan []claimedRow, cfg.Concurrency+d.aheadMax)
 	d.batch, _ = cfg.Sink.(BatchSink)
+	if d.batch != nil {
+		d.claims = &heldClaimer{d: d}
+	} else {
+		d.claims = &leaseClaimer{d: d, m: newMarker(d, min(cfg.PollInterval, 10*time.Millisecond))}
+	}
 	d.q.stmts = stmtcache.New(cfg.DB)
 	d.cfg.Logger = cfg.Logger.WithFields(logrus.Fields{"component": "outbox", "dispatcher": cfg.Name})
 	return d, nil
@@ -185,13 +194,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.loopDone = make(chan struct{})
 	d.finished = make(chan struct{})
 	d.stopWorkers = make(chan struct{})
-	d.stopMarker = make(chan struct{})
-	d.markerDone = make(chan struct{})
 	d.workers.Add(d.cfg.Concurrency)
 	for i := 0; i < d.cfg.Concurrency; i++ {
 		go d.worker(sendCtx)
 	}
-	go d.marker()
+	d.claims.start()
 	go d.loop(loopCtx)
 	if d.cfg.Metrics != nil {
 		d.background.Add(1)
@@ -256,7 +263,7 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 		}
 	}
 	close(d.stopWorkers)
-	d.releaseBuffered(left)
+	d.claims.release(left)
 	done := make(chan struct{})
 	go func() { d.workers.Wait(); close(done) }()
 	var err error
@@ -268,8 +275,7 @@ func (d *Dispatcher) Shutdown(ctx context.Context) error {
 		err = fmt.Errorf("outbox: shutdown: %w", ctx.Err())
 	}
 	// The senders are gone: write the last SENT outcomes.
-	close(d.stopMarker)
-	<-d.markerDone
+	d.claims.stop()
 	d.stopSends()
 	d.q.stmts.Close()
 	return err
@@ -347,21 +353,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 				}
 			}
 			if len(res.rows) > 0 {
-				var units [][]claimedRow
-				if res.hold != nil {
-					h := &heldClaim{tx: res.hold}
-					for i := range res.rows {
-						res.rows[i].hold = h
-					}
-					units = d.units(res.rows)
-					h.left = len(units)
-					d.heldClaims.Add(1)
-				} else {
-					d.markMu.Lock()
-					d.groups[res.rows[0].token] = &markGroup{left: len(res.rows)}
-					d.markMu.Unlock()
-					units = d.units(res.rows)
-				}
+				units := d.claims.units(res)
 				d.held.Add(int64(len(res.rows)))
 				for _, u := range units {
 					d.rowsCh <- u // never blocks: held rows fit the channel
@@ -386,7 +378,7 @@ func (d *Dispatcher) loop(ctx context.Context) {
 // wait: at most Concurrency plus the claim-ahead allowance may be held, and
 // while every sender is busy a claim waits until it can take minClaim rows.
 func (d *Dispatcher) room() int {
-	if d.heldClaims.Load() >= maxHeldClaims {
+	if d.claims.full() {
 		return 0 // a finishing claim frees a sender, which wakes the loop
 	}
 	held := int(d.held.Load())
@@ -436,13 +428,7 @@ func (d *Dispatcher) observeSend(took time.Duration) {
 func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from any) (claimResult, error) {
 	start := time.Now()
 	token := d.cfg.Name + "." + randomSuffix()
-	var res claimResult
-	var err error
-	if d.batch != nil {
-		res, err = d.q.claimHeld(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, d.cfg.LeaseDuration, steps, from)
-	} else {
-		res, err = d.q.claimWith(ctx, d.cfg.DB, token, n, d.cfg.LeaseDuration, steps, from)
-	}
+	res, err := d.claims.claim(ctx, token, n, steps, from)
 	if d.cfg.Metrics != nil {
 		d.cfg.Metrics.OutboxClaimLatency.Observe(time.Since(start).Seconds())
 	}
@@ -464,232 +450,17 @@ func (d *Dispatcher) claim(ctx context.Context, n int, steps stepSet, from any) 
 	return res, nil
 }
 
-// units splits one claim's rows into what a sender sends at once: groups
-// of the BatchSink, or every row alone.
-func (d *Dispatcher) units(rows []claimedRow) [][]claimedRow {
-	if d.batch == nil || len(rows) < 2 {
-		out := make([][]claimedRow, len(rows))
-		for i := range rows {
-			out[i] = rows[i : i+1 : i+1]
-		}
-		return out
-	}
-	msgs := make([]*Message, len(rows))
-	index := make(map[*Message]int, len(rows))
+// oneByOne makes every row a unit of its own.
+func oneByOne(rows []claimedRow) [][]claimedRow {
+	out := make([][]claimedRow, len(rows))
 	for i := range rows {
-		msgs[i] = &Message{Event: rows[i].event(), Attempt: rows[i].RetryCount + 1}
-		index[msgs[i]] = i
-	}
-	groups := d.safeBatches(msgs)
-	out := make([][]claimedRow, 0, len(groups))
-	seen := 0
-	for _, g := range groups {
-		u := make([]claimedRow, 0, len(g))
-		for _, m := range g {
-			if i, ok := index[m]; ok {
-				u = append(u, rows[i])
-				delete(index, m) // each row once
-			}
-		}
-		if len(u) > 0 {
-			out = append(out, u)
-			seen += len(u)
-		}
-	}
-	if seen < len(rows) {
-		// A sink that dropped messages from its groups: they go alone.
-		for i := range rows {
-			if _, left := index[msgs[i]]; left {
-				out = append(out, rows[i:i+1:i+1])
-			}
-		}
+		out[i] = rows[i : i+1 : i+1]
 	}
 	return out
 }
 
-func (d *Dispatcher) safeBatches(msgs []*Message) (groups [][]*Message) {
-	defer func() {
-		if p := recover(); p != nil {
-			d.cfg.Logger.Warnf("outbox: sink Batches panicked: %v; sending the rows one by one", p)
-			groups = nil
-		}
-	}()
-	return d.batch.Batches(msgs)
-}
-
-func (d *Dispatcher) worker(sendCtx context.Context) {
-	defer d.workers.Done()
-	for {
-		select {
-		case <-d.stopWorkers:
-			return
-		case u := <-d.rowsCh:
-			d.sendUnit(sendCtx, u)
-			d.held.Add(-int64(len(u)))
-			select {
-			case d.freed <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-// sendUnit sends one unit of a claim (a row alone, or one group of the
-// BatchSink, all of one claim) in one request and settles each row's own
-// outcome: in the held claim's transaction (settleHeld), or row by row with
-// the successes left to the marker, which writes SENT in a batch.
-func (d *Dispatcher) sendUnit(sendCtx context.Context, u []claimedRow) {
-	msgs := make([]*Message, len(u))
-	outs := make([]Outcome, len(u))
-	logs := make([]logrus.FieldLogger, len(u))
-	for i, r := range u {
-		msgs[i] = &Message{Event: r.event(), Attempt: r.RetryCount + 1}
-		outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType, Attempt: msgs[i].Attempt, TookOver: r.tookOver}
-		logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination, "attempt": msgs[i].Attempt})
-	}
-	// errs stays nil when the unit is not sent. Its rows were claimed at
-	// the same instant, so the first one tells whether they waited too long.
-	var errs []error
-	if d.waitedTooLong(u[0]) {
-		logs[0].WithField("rows", len(u)).Info("outbox: claimed rows waited too long for a sender; handed back unsent")
-	} else {
-		start := time.Now()
-		if len(u) == 1 {
-			ctx, sp := d.startDispatch(sendCtx, u[0], msgs[0])
-			ctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
-			err := d.safeSend(ctx, msgs[0])
-			cancel()
-			endDispatch(sp, err)
-			errs = []error{err}
-		} else {
-			spans := d.startDispatchBatch(sendCtx, u, msgs)
-			ctx, cancel := context.WithTimeout(sendCtx, d.cfg.SendTimeout)
-			errs = d.safeSendBatch(ctx, msgs)
-			cancel()
-			endDispatchBatch(spans, errs)
-		}
-		if sendCtx.Err() == nil {
-			d.observeSend(time.Since(start))
-		}
-	}
-	if u[0].hold != nil {
-		d.settleHeld(sendCtx, u, outs, errs, logs)
-		return
-	}
-	for i, r := range u {
-		if errs == nil {
-			d.releaseOne(r, outs[i], logs[i])
-			d.finishRow(r.token, nil)
-			continue
-		}
-		d.finishRow(r.token, d.settle(sendCtx, r, outs[i], errs[i], logs[i]))
-	}
-}
-
-// waitedTooLong: the row waited so long for a sender that its lease could
-// end before the send does; it is handed back unsent instead.
-func (d *Dispatcher) waitedTooLong(r claimedRow) bool {
-	return d.maxWait > 0 && time.Since(r.claimedAt) > d.maxWait
-}
-
-func (d *Dispatcher) safeSendBatch(ctx context.Context, msgs []*Message) (errs []error) {
-	defer func() {
-		if p := recover(); p != nil {
-			errs = nil
-			err := d.sinkPanicked(p, msgs)
-			for range msgs {
-				errs = append(errs, err)
-			}
-		}
-	}()
-	errs = d.batch.SendBatch(ctx, msgs)
-	if len(errs) != len(msgs) {
-		// A sink that broke its contract: nothing is known to be delivered.
-		err := Unknown(fmt.Errorf("outbox: sink returned %d results for %d messages", len(errs), len(msgs)))
-		errs = make([]error, len(msgs))
-		for i := range errs {
-			errs[i] = err
-		}
-	}
-	return errs
-}
-
-// settle records the outcome of r's send (err), except a success: that it
-// returns, for the marker to write SENT in a batch.
-func (d *Dispatcher) settle(sendCtx context.Context, r claimedRow, out Outcome, err error, log logrus.FieldLogger) *sentRow {
-	if err == nil {
-		// The receiver has the message; the row is not yet SENT. A crash here
-		// resends it after the lease: consumers deduplicate.
-		failpoint.Inject(failpoint.AfterSend)
-		d.countSend(r, "success", "")
-		return &sentRow{r: r, out: out}
-	}
-	out.Err = err
-	if sendCtx.Err() != nil {
-		// Shutdown cancelled the send: hand the row back without using a retry.
-		d.releaseOne(r, out, log)
-		return nil
-	}
-	var n int64
-	var merr error
-	class := sendClassOf(err)
-	code := truncate(CodeOf(err), maxErrorCode)
-	text := truncate(d.cfg.Redact(err.Error()), maxErrorMessage)
-	if class == ClassPermanent || r.RetryCount >= d.cfg.MaxRetries {
-		out.Status = StatusDead
-		n, merr = d.mark(func(ctx context.Context) (int64, error) {
-			return d.q.markDead(ctx, r.EventID, r.token, code, text)
-		})
-		if merr == nil && n == 1 {
-			d.stats.dead.Add(1)
-			if r.AggregateType != "" {
-				d.rescan.Store(true)
-			}
-			log.WithFields(logrus.Fields{"class": class.String(), "code": code, "retries": r.RetryCount}).
-				Warn("outbox: row is DEAD: " + text)
-		}
-		d.countSend(r, "dead", class.String())
-	} else {
-		out.Status = StatusRetry
-		out.RetryIn = Backoff(r.RetryCount, d.cfg.BackoffBase, d.cfg.BackoffMax)
-		n, merr = d.mark(func(ctx context.Context) (int64, error) {
-			return d.q.markRetry(ctx, r.EventID, r.token, out.RetryIn, code, text)
-		})
-		if merr == nil && n == 1 {
-			if class == ClassUnknown {
-				d.stats.unknown.Add(1)
-			} else {
-				d.stats.retried.Add(1)
-			}
-			if errors.Is(err, ErrTopicNotExist) {
-				// An operator's fix, not the event's fault: say which topic.
-				log.WithFields(logrus.Fields{"destination": r.Destination, "code": code, "retries": r.RetryCount, "retry_in": out.RetryIn}).
-					Warn("outbox: topic " + r.Destination + " does not exist on the broker; the row is retried with backoff until it is created (mqadmin updateTopic)")
-			}
-		}
-		result := "retry"
-		if class == ClassUnknown {
-			result = "unknown"
-		}
-		d.countSend(r, result, class.String())
-	}
-	d.record(out, n == 1, merr, log)
-	d.Notify() // a DEAD row unblocks its aggregate's next version
-	return nil
-}
-
-// releaseOne hands r back unsent: PENDING (or RETRY when it has failed
-// before), due at once, its retry count unchanged.
-func (d *Dispatcher) releaseOne(r claimedRow, out Outcome, log logrus.FieldLogger) {
-	out.Status = releasedStatus(r)
-	n, merr := d.mark(func(ctx context.Context) (int64, error) { return d.q.release(ctx, r.EventID, r.token) })
-	if merr == nil && n == 1 {
-		d.stats.released.Add(1)
-	}
-	d.record(out, n == 1, merr, log)
-	d.Notify()
-}
-
+// releasedStatus is the status a row handed back unsent returns to:
+// PENDING, or RETRY once it has failed before.
 func releasedStatus(r claimedRow) Status {
 	if r.RetryCount > 0 {
 		return StatusRetry
@@ -714,216 +485,6 @@ func (d *Dispatcher) record(out Outcome, landed bool, merr error, log logrus.Fie
 		d.cfg.OnOutcome(out)
 	}
 }
-
-// finishRow tells the marker that a row of the claim token is finished:
-// sent (s != nil, waiting for SENT) or recorded otherwise.
-func (d *Dispatcher) finishRow(token string, s *sentRow) {
-	d.markMu.Lock()
-	g := d.groups[token]
-	g.left--
-	if s != nil {
-		if len(g.rows) == 0 {
-			g.first = time.Now()
-		}
-		g.rows = append(g.rows, *s)
-	}
-	signal := s != nil || g.left == 0
-	if g.left == 0 && len(g.rows) == 0 {
-		delete(d.groups, token)
-	}
-	d.markMu.Unlock()
-	if signal {
-		select {
-		case d.markSignal <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// marker writes SENT for the rows the senders finish, one UPDATE per claim:
-// when every row of the claim is finished, or when its oldest sent row has
-// waited flushAfter, whichever comes first. At stop it writes what is left.
-func (d *Dispatcher) marker() {
-	defer close(d.markerDone)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	stop := false
-	for {
-		batch, next := d.takeReady(stop)
-		if len(batch) > 0 {
-			d.flushSent(batch)
-			continue // more may have become ready meanwhile
-		}
-		if stop {
-			return
-		}
-		var wait <-chan time.Time
-		if !next.IsZero() {
-			timer.Reset(max(time.Until(next), 0)) // Go 1.23+: no stale tick to drain
-			wait = timer.C
-		}
-		select {
-		case <-d.markSignal:
-		case <-wait:
-		case <-d.stopMarker:
-			stop = true // the senders are gone: write what is left and leave
-		}
-	}
-}
-
-// takeReady removes and returns the sent rows whose claim is finished or
-// whose oldest row waited flushAfter (all of them when all is set), and
-// returns when the next group becomes ready (zero: no group waits).
-func (d *Dispatcher) takeReady(all bool) ([]sentRow, time.Time) {
-	d.markMu.Lock()
-	defer d.markMu.Unlock()
-	now := time.Now()
-	var batch []sentRow
-	var next time.Time
-	for token, g := range d.groups {
-		if len(g.rows) == 0 {
-			continue
-		}
-		due := g.first.Add(d.flushAfter)
-		if all || g.left == 0 || !now.Before(due) {
-			batch = append(batch, g.rows...)
-			g.rows = nil
-			if g.left == 0 {
-				delete(d.groups, token)
-			}
-			continue
-		}
-		if next.IsZero() || due.Before(next) {
-			next = due
-		}
-	}
-	return batch, next
-}
-
-func (d *Dispatcher) flushSent(batch []sentRow) {
-	for _, g := range groupByToken(batch, func(s sentRow) claimedRow { return s.r }) {
-		ids := make([]string, len(g))
-		for i, s := range g {
-			ids[i] = s.r.EventID
-		}
-		var landed map[string]bool
-		_, merr := d.mark(func(ctx context.Context) (int64, error) {
-			var err error
-			landed, err = d.q.markSentMany(ctx, g[0].r.token, ids)
-			return 0, err
-		})
-		for _, s := range g {
-			out := s.out
-			out.Status = StatusSent
-			if merr == nil && landed[s.r.EventID] {
-				d.stats.sent.Add(1)
-				if s.r.AggregateType != "" {
-					d.rescan.Store(true)
-				}
-			}
-			d.record(out, landed[s.r.EventID], merr,
-				d.cfg.Logger.WithFields(logrus.Fields{"event_id": s.r.EventID, "destination": s.r.Destination, "attempt": out.Attempt}))
-		}
-	}
-	d.Notify() // the next versions of these rows' aggregates may be due
-}
-
-// releaseBuffered hands back, unsent, the units claimed ahead that no
-// sender took (at shutdown): a held claim's rows need no write (its commit
-// or rollback frees them); the others, one UPDATE per owner token.
-func (d *Dispatcher) releaseBuffered(units [][]claimedRow) {
-	var rows []claimedRow
-	for _, u := range units {
-		if u[0].hold == nil {
-			rows = append(rows, u...)
-			continue
-		}
-		outs := make([]Outcome, len(u))
-		logs := make([]logrus.FieldLogger, len(u))
-		for i, r := range u {
-			outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType,
-				Attempt: r.RetryCount + 1, TookOver: r.tookOver}
-			logs[i] = d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination})
-		}
-		d.settleHeld(context.Background(), u, outs, nil, logs)
-	}
-	for _, g := range groupByToken(rows, func(r claimedRow) claimedRow { return r }) {
-		ids := make([]string, len(g))
-		for i, r := range g {
-			ids[i] = r.EventID
-		}
-		n, merr := d.mark(func(ctx context.Context) (int64, error) {
-			return d.q.releaseMany(ctx, g[0].token, ids)
-		})
-		if merr == nil {
-			d.stats.released.Add(n)
-		}
-		// Fewer rows changed than asked: some had a new owner already. Which
-		// ones is not worth a query at shutdown; none is reported lost.
-		for _, r := range g {
-			out := Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType,
-				Attempt: r.RetryCount + 1, TookOver: r.tookOver, Status: releasedStatus(r)}
-			d.record(out, true, merr, d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination}))
-			d.finishRow(r.token, nil)
-		}
-	}
-}
-
-// groupByToken splits xs by owner token, keeping first-seen order, in groups
-// of at most maxInList.
-func groupByToken[T any](xs []T, row func(T) claimedRow) [][]T {
-	var order []string
-	by := map[string][]T{}
-	for _, x := range xs {
-		t := row(x).token
-		if _, ok := by[t]; !ok {
-			order = append(order, t)
-		}
-		by[t] = append(by[t], x)
-	}
-	var out [][]T
-	for _, t := range order {
-		g := by[t]
-		for len(g) > 0 {
-			k := min(len(g), maxInList)
-			out = append(out, g[:k])
-			g = g[k:]
-		}
-	}
-	return out
-}
-
-func (d *Dispatcher) safeSend(ctx context.Context, m *Message) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = d.sinkPanicked(p, []*Message{m})
-		}
-	}()
-	return d.cfg.Sink.Send(ctx, m)
-}
-
-// sinkPanicked turns a sink's panic into the error of each message it was
-// sending. The sink may have sent before it panicked, so the outcome is
-// unknown, not transient: the row is retried (a resend carries the same
-// event id, a duplicate consumers absorb) and counted as an unknown result in
-// rmqtx_outbox_sends_total (settle). A panic is a bug in the sink: it is
-// logged at Error with the event ids, never the payloads.
-func (d *Dispatcher) sinkPanicked(p any, msgs []*Message) error {
-	ids := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.EventID
-	}
-	fields := logrus.Fields{"event_ids": ids, "code": codeSinkPanic}
-	if len(msgs) == 1 {
-		fields = logrus.Fields{"event_id": ids[0], "code": codeSinkPanic}
-	}
-	err := fmt.Errorf("outbox: sink panicked: %v", p)
-	d.cfg.Logger.WithFields(fields).Error(d.cfg.Redact(err.Error()) + "; the outcome is unknown, the row is retried with the same event id")
-	return NewSendError(ClassUnknown, codeSinkPanic, err)
-}
-
-// codeSinkPanic is the last_error_code of a send whose sink panicked.
-const codeSinkPanic = "sink_panic"
 
 // mark writes an outcome on a context of its own (the send context may be
 // cancelled by then), retrying a failed write twice.

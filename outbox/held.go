@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -159,6 +160,105 @@ func (h *heldTx) end() {
 	h.cancel()
 }
 
+// heldClaimer is the claim strategy of held claims.
+type heldClaimer struct {
+	d    *Dispatcher
+	open atomic.Int64 // held claims not yet committed (at most maxHeldClaims)
+}
+
+func (hc *heldClaimer) claim(ctx context.Context, token string, n int, steps stepSet, from any) (claimResult, error) {
+	lease := hc.d.cfg.LeaseDuration
+	return hc.d.q.claimHeld(ctx, hc.d.cfg.DB, token, n, lease, lease, steps, from)
+}
+
+// full: the dispatcher holds maxHeldClaims open transactions (a finishing
+// claim frees a sender, which wakes the loop).
+func (hc *heldClaimer) full() bool { return hc.open.Load() >= maxHeldClaims }
+
+// units tracks the claim's open transaction (heldClaim, one per claim,
+// which every row points to) and splits its rows into the BatchSink's
+// groups.
+func (hc *heldClaimer) units(res claimResult) [][]claimedRow {
+	c := &heldClaim{tx: res.hold}
+	for i := range res.rows {
+		res.rows[i].hold = c
+	}
+	units := hc.batches(res.rows)
+	c.left = len(units)
+	hc.open.Add(1)
+	return units
+}
+
+func (hc *heldClaimer) start() {} // the outcomes are written by the senders
+func (hc *heldClaimer) stop()  {}
+
+// release hands back, unsent, the units claimed ahead that no sender took
+// (at shutdown): they need no write, the claim's commit or rollback frees
+// them.
+func (hc *heldClaimer) release(units [][]claimedRow) {
+	for _, u := range units {
+		outs := make([]Outcome, len(u))
+		logs := make([]logrus.FieldLogger, len(u))
+		for i, r := range u {
+			outs[i] = Outcome{EventID: r.EventID, Destination: r.Destination, EventType: r.EventType,
+				Attempt: r.RetryCount + 1, TookOver: r.tookOver}
+			logs[i] = hc.d.cfg.Logger.WithFields(logrus.Fields{"event_id": r.EventID, "destination": r.Destination})
+		}
+		hc.settle(context.Background(), u, outs, nil, logs)
+	}
+}
+
+// batches splits one claim's rows into what a sender sends at once: the
+// groups of the BatchSink (a row it left out goes alone).
+func (hc *heldClaimer) batches(rows []claimedRow) [][]claimedRow {
+	if len(rows) < 2 {
+		return oneByOne(rows)
+	}
+	msgs := make([]*Message, len(rows))
+	index := make(map[*Message]int, len(rows))
+	for i := range rows {
+		msgs[i] = &Message{Event: rows[i].event(), Attempt: rows[i].RetryCount + 1}
+		index[msgs[i]] = i
+	}
+	groups := hc.safeBatches(msgs)
+	out := make([][]claimedRow, 0, len(groups))
+	seen := 0
+	for _, g := range groups {
+		u := make([]claimedRow, 0, len(g))
+		for _, m := range g {
+			if i, ok := index[m]; ok {
+				u = append(u, rows[i])
+				delete(index, m) // each row once
+			}
+		}
+		if len(u) > 0 {
+			out = append(out, u)
+			seen += len(u)
+		}
+	}
+	if seen < len(rows) {
+		// A sink that dropped messages from its groups: they go alone.
+		for i := range rows {
+			if _, left := index[msgs[i]]; left {
+				out = append(out, rows[i:i+1:i+1])
+			}
+		}
+	}
+	return out
+}
+
+// safeBatches is the BatchSink's Batches, a panic in it turned into no
+// groups (every row then goes alone).
+func (hc *heldClaimer) safeBatches(msgs []*Message) (groups [][]*Message) {
+	defer func() {
+		if p := recover(); p != nil {
+			hc.d.cfg.Logger.Warnf("outbox: sink Batches panicked: %v; sending the rows one by one", p)
+			groups = nil
+		}
+	}()
+	return hc.d.batch.Batches(msgs)
+}
+
 // heldClaim is a held claim as the dispatcher tracks it: its units are
 // sent by the senders, and the one that finishes the last unit writes every
 // outcome and commits.
@@ -180,9 +280,11 @@ type heldOutcome struct {
 	log        logrus.FieldLogger
 }
 
-// settleHeld turns the results of one unit of a held claim (errs; nil: the
-// unit was not sent) into outcomes, and finishes the unit.
-func (d *Dispatcher) settleHeld(sendCtx context.Context, u []claimedRow, outs []Outcome, errs []error, logs []logrus.FieldLogger) {
+// settle turns the results of one unit of a held claim (errs; nil: the
+// unit was not sent) into outcomes, and finishes the unit: the sender that
+// finishes the claim's last unit writes them all and commits.
+func (hc *heldClaimer) settle(sendCtx context.Context, u []claimedRow, outs []Outcome, errs []error, logs []logrus.FieldLogger) {
+	d := hc.d
 	res := make([]heldOutcome, len(u))
 	for i, r := range u {
 		o := heldOutcome{r: r, out: outs[i], log: logs[i]}
@@ -229,13 +331,14 @@ func (d *Dispatcher) settleHeld(sendCtx context.Context, u []claimedRow, outs []
 	last := h.left == 0
 	h.mu.Unlock()
 	if last {
-		d.commitHeld(h)
+		hc.commit(h)
 	}
 }
 
-// commitHeld writes a held claim's outcomes in its transaction (one UPDATE
+// commit writes a held claim's outcomes in its transaction (one UPDATE
 // for the SENT rows, one per failed row), commits, and reports them.
-func (d *Dispatcher) commitHeld(h *heldClaim) {
+func (hc *heldClaimer) commit(h *heldClaim) {
+	d := hc.d
 	var sent []string
 	var token string
 	for _, o := range h.outs {
@@ -262,7 +365,7 @@ func (d *Dispatcher) commitHeld(h *heldClaim) {
 		merr = h.tx.commit()
 	}
 	h.tx.end()
-	d.heldClaims.Add(-1)
+	hc.open.Add(-1)
 	for _, o := range h.outs {
 		switch {
 		case o.handedBack:

@@ -19,8 +19,15 @@
 // Restart) and the store is inspected directly (Messages, WaitMessages,
 // Pending, RolledBack, DeadLetters).
 //
+// NewProducer, NewConsumer, NewSink and NewDispatcher build the real rmqtx
+// components on a Broker and the test's own database, started, and shut
+// down in t.Cleanup; they shorten only the defaults sized for a production
+// broker that would make a test wait (the Kit* constants say why).
+//
 // It is one broker with one master, keeps everything in memory and never
-// deletes a message. It does not implement ACL, SQL92 filters, message
-// queries by key, or delayed messages sent by producers (they are
-// delivered at once).
+// deletes a message. It does not implement ACL, SQL92 filters (every
+// message matches), VIEW_MESSAGE_BY_ID, or delayed messages sent by
+// producers (they are delivered at once). The suite in suites/conformance
+// runs the same scenarios on it and on a real broker, so the two cannot
+// drift apart unnoticed.
 package rmqtxtest

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rmqtx/rmqtx/internal/broker"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/observe"
@@ -305,7 +306,7 @@ func (c *Checker) CheckQuery(ctx context.Context, q Query) (a Answer) {
 	defer func() {
 		if p := recover(); p != nil {
 			a.Decision, a.Reason = Unknown, ReasonPanic
-			a.Err = fmt.Errorf("checkback: panic while checking %s: %v", q.EventID, p)
+			a.Err = fmt.Errorf("checkback: panic while checking %s: %v", q.EventID, rmqlog.ScrubValue(p))
 			c.cfg.Logger.WithField("event_id", q.EventID).WithField("stack", string(debug.Stack())).Error(a.Err.Error())
 		}
 		c.finish(&a, start)
@@ -425,7 +426,7 @@ func (c *Checker) finish(a *Answer, start time.Time) {
 		func() {
 			defer func() {
 				if p := recover(); p != nil {
-					c.cfg.Logger.Errorf("checkback: OnAnswer panicked: %v", p)
+					c.cfg.Logger.Errorf("checkback: OnAnswer panicked: %v", rmqlog.ScrubValue(p))
 				}
 			}()
 			c.cfg.OnAnswer(*a)

@@ -376,7 +376,7 @@ func (r *Recovery) handle(ctx context.Context, m *broker.MessageExt, attempt int
 	res = Result{EventID: q.EventID, HalfKey: q.HalfKey, Attempt: attempt, Redelivered: checkback.Redelivered(m)}
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("discard: panic while recovering %s: %v", q.EventID, p)
+			err = fmt.Errorf("discard: panic while recovering %s: %v", q.EventID, rmqlog.ScrubValue(p))
 		}
 		res.Err = err
 		r.report(res)

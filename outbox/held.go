@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
 
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 )
 
@@ -252,7 +253,7 @@ func (hc *heldClaimer) batches(rows []claimedRow) [][]claimedRow {
 func (hc *heldClaimer) safeBatches(msgs []*Message) (groups [][]*Message) {
 	defer func() {
 		if p := recover(); p != nil {
-			hc.d.cfg.Logger.Warnf("outbox: sink Batches panicked: %v; sending the rows one by one", p)
+			hc.d.cfg.Logger.Warnf("outbox: sink Batches panicked: %v; sending the rows one by one", rmqlog.ScrubValue(p))
 			groups = nil
 		}
 	}()

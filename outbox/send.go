@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 )
 
 // Sending: Config.Concurrency senders take units of claimed rows from the
@@ -123,7 +125,7 @@ func (d *Dispatcher) sinkPanicked(p any, msgs []*Message) error {
 	if len(msgs) == 1 {
 		fields = logrus.Fields{"event_id": ids[0], "code": codeSinkPanic}
 	}
-	err := fmt.Errorf("outbox: sink panicked: %v", p)
+	err := fmt.Errorf("outbox: sink panicked: %v", rmqlog.ScrubValue(p))
 	d.cfg.Logger.WithFields(fields).Error(d.cfg.Redact(err.Error()) + "; the outcome is unknown, the row is retried with the same event id")
 	return NewSendError(ClassUnknown, codeSinkPanic, err)
 }

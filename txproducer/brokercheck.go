@@ -14,7 +14,9 @@ import (
 
 // checkBrokerSettings compares FenceAge with the transaction-check settings
 // of every master broker (see Config.FenceAge), and warns about a broker
-// whose op batching makes it re-check answered halves (warnOpBatch). It
+// whose op batching makes it re-check answered halves (warnOpBatch) and
+// about one that can lose acknowledged messages in a power loss
+// (warnDurability). It
 // fails only for a FenceAge violation with recovery disabled, naming every
 // broker that FenceAge does not fit (one refusal per broker, so that one
 // restart after fixing them suffices); with recovery it warns once per such
@@ -37,6 +39,7 @@ func (p *Producer) checkBrokerSettings(ctx context.Context) ([]string, error) {
 			continue
 		}
 		warnOpBatch(l, addr, conf)
+		warnDurability(l, addr, conf)
 		e, err := fenceAgeAgainst(addr, p.cfg.FenceAge, conf)
 		if err != nil {
 			l.WithError(err).WithField("broker", addr).Info("txproducer: broker settings incomplete; FenceAge not checked against them")
@@ -159,4 +162,54 @@ func fenceAgeAgainst(addr string, fenceAge time.Duration, conf map[string]string
 		return nil, nil
 	}
 	return e, nil
+}
+
+// warnDurability warns when the broker at addr acknowledges a message that
+// is neither on its disk nor on a second machine: flushDiskType ASYNC_FLUSH
+// (the commit log reaches the disk up to a flush interval later) on a
+// broker that is not a SYNC_MASTER (which waits for its slave to have the
+// message) and does not replicate its commit log through DLedger (which
+// waits for a majority). A kill -9 leaves such a message in the page cache,
+// where the restarted broker finds it; a power loss or kernel crash loses
+// it, after the producer has committed the local transaction and answered
+// COMMIT: the event is then gone although its txlog row says COMMITTED
+// (invariant I1 holds only as long as the broker's store does). The README's
+// production section lists the broker and database settings I1 needs.
+//
+// It is a warning, not a refusal: test beds and many deployments run
+// ASYNC_FLUSH on purpose, and a SYNC_MASTER's slave may attach after Start.
+// A SYNC_MASTER without a connected slave is not detected here (the broker
+// answers such sends with SLAVE_NOT_AVAILABLE). Nothing is logged when
+// flushDiskType cannot be read.
+func warnDurability(l logrus.FieldLogger, addr string, conf map[string]string) {
+	flush, role, durable, ok := durabilityOf(conf)
+	if !ok || durable {
+		return
+	}
+	l.WithFields(logrus.Fields{"broker": addr, "flushDiskType": flush, "brokerRole": role}).Warnf(
+		"txproducer: broker %s: flushDiskType %s and brokerRole %s: the broker acknowledges messages it has neither "+
+			"flushed to disk nor copied to a synchronous slave, so a power loss or OS crash of its machine can lose "+
+			"committed events (a process kill cannot). For durable events set flushDiskType=SYNC_FLUSH, or run it as a "+
+			"SYNC_MASTER with a slave (on a development broker this is expected)", addr, flush, role)
+}
+
+// durabilityOf reads flushDiskType and brokerRole from a broker
+// configuration. durable is true when an acknowledged message survives a
+// power loss of the broker's machine: SYNC_FLUSH, a SYNC_MASTER, or a
+// DLedger commit log (enableDLegerCommitLog=true). ok is false when
+// flushDiskType is absent or not one of the broker's two values.
+func durabilityOf(conf map[string]string) (flush, role string, durable, ok bool) {
+	flush, role = strings.TrimSpace(conf["flushDiskType"]), strings.TrimSpace(conf["brokerRole"])
+	switch flush {
+	case "SYNC_FLUSH":
+		return flush, role, true, true
+	case "ASYNC_FLUSH":
+	default:
+		return flush, role, false, false
+	}
+	if role == "" {
+		role = "ASYNC_MASTER" // the broker's default
+	}
+	durable = role == "SYNC_MASTER" || strings.EqualFold(strings.TrimSpace(conf["enableDLegerCommitLog"]), "true")
+	return flush, role, durable, true
 }

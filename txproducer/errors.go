@@ -8,6 +8,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/errclass"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -74,8 +75,11 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error formats Value through the log scrubber: the value may be the
+// message or the payload the function was working on, and this text reaches
+// logs and spans. Value itself is the caller's, as it was.
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("txproducer: local transaction panicked: %v", e.Value)
+	return fmt.Sprintf("txproducer: local transaction panicked: %v", rmqlog.ScrubValue(e.Value))
 }
 
 // BrokerSettingsError is returned by Start (it wraps ErrConfig) when

@@ -722,7 +722,7 @@ type listener struct{ p *Producer }
 func (l *listener) ExecuteLocalTransaction(m *broker.Message) (st broker.LocalTransactionState) {
 	defer func() {
 		if v := recover(); v != nil {
-			l.p.cfg.Logger.Errorf("txproducer: panic in the local transaction callback: %v", v)
+			l.p.cfg.Logger.Errorf("txproducer: panic in the local transaction callback: %v", rmqlog.ScrubValue(v))
 			st = broker.UnknownState
 		}
 	}()
@@ -747,7 +747,7 @@ func (l *listener) ExecuteLocalTransaction(m *broker.Message) (st broker.LocalTr
 func (l *listener) CheckLocalTransaction(m *broker.MessageExt) (st broker.LocalTransactionState) {
 	defer func() {
 		if v := recover(); v != nil {
-			l.p.cfg.Logger.Errorf("txproducer: panic in the check callback: %v", v)
+			l.p.cfg.Logger.Errorf("txproducer: panic in the check callback: %v", rmqlog.ScrubValue(v))
 			st = broker.UnknownState
 		}
 	}()

@@ -31,7 +31,11 @@ var (
 // Start checks that the database answers a ping and that a name server
 // answers a request (each bounded by 5 s and by ctx: a wrong address fails
 // here, naming it and the cause, instead of at the first Send), checks
-// FenceAge against the brokers' settings (see Config.FenceAge), connects
+// FenceAge against the brokers' settings (see Config.FenceAge), warns,
+// naming the broker, about one that acknowledges messages it has neither
+// flushed nor copied to a synchronous slave (flushDiskType ASYNC_FLUSH on a
+// broker that is not a SYNC_MASTER: a power loss there can lose committed
+// events, see brokercheck.go's warnDurability), connects
 // to the name server, warms up (see Config.WarmupTopics), starts discard
 // recovery, and begins answering checks. With WarmupTopics it returns once
 // every broker of those topics has registered this instance (see

@@ -93,7 +93,9 @@ func testAttemptClearedByDedupHitOfTheRetry(t *testing.T, db *sqlx.DB) {
 	var runs runCounter
 	routes := map[string]Route{"Created": {Handler: failFirstRun(target, &runs)}}
 	c := startConsumer(t, db, topic, group, routes, func(c *Config) { c.DelayLevel = func(Class, int) int { return 2 } })
-	other, err := NewProcessor(ProcessorConfig{Group: group, DB: db, Routes: routes}) // another instance
+	// another instance, without crash counting (with it, its success would
+	// delete the row it counted itself)
+	other, err := NewProcessor(ProcessorConfig{Group: group, DB: db, Routes: routes, NoCrashCount: true})
 	require.NoError(t, err)
 	pb := newPublisher(t)
 	payload := []byte(`{"amount":100}`)
@@ -137,7 +139,9 @@ func testAttemptClearedOnEveryDedupPath(t *testing.T, db *sqlx.DB) {
 		}
 		return effectHandler(ctx, tx, ev)
 	}
-	cfg := ProcessorConfig{Group: testenv.Name(t, "g"), DB: db, Routes: map[string]Route{"Created": {Handler: handler}}}
+	// Without crash counting, which would mark every attempt counted
+	// (crash.go): this is the uncounted path's bookkeeping.
+	cfg := ProcessorConfig{Group: testenv.Name(t, "g"), DB: db, Routes: map[string]Route{"Created": {Handler: handler}}, NoCrashCount: true}
 	group := cfg.Group
 	newP := func(mut func(*ProcessorConfig)) *Processor {
 		c := cfg
@@ -249,7 +253,10 @@ func TestAttemptBookkeepingCostsNoStatementOnFirstDeliveries(t *testing.T) {
 	}
 	failing := wire.NewEventID()
 	var runs runCounter
-	p := newProc(t, one, func(c *ProcessorConfig) { c.Routes["Created"] = Route{Handler: failFirstRun(failing, &runs)} })
+	p := newProc(t, one, func(c *ProcessorConfig) {
+		c.Routes["Created"] = Route{Handler: failFirstRun(failing, &runs)}
+		c.NoCrashCount = true // without crash counting; with it: TestCrashCountCost
+	})
 
 	before := status()
 	const n = 20

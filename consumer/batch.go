@@ -77,6 +77,15 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message) []Outcome 
 		default:
 			seen[it.ev.ID] = true
 			it.idx = i
+			if p.counting() {
+				p.countAttempt(ctx, &it)
+			}
+			if it.crashed {
+				// Its last attempt ended the process: it runs alone (or is
+				// parked), so it cannot take its neighbours down again.
+				outs[i] = p.apply(ctx, it)
+				continue
+			}
 			run = append(run, it)
 		}
 	}

@@ -35,8 +35,13 @@
 // holds across instances and restarts. A success, a stale skip or a dedup
 // hit deletes the event's attempt row (the success in its own transaction)
 // whenever one may exist: on a retry (ReconsumeTimes > 0), or for an id this
-// process saw failing or found in the table at Consumer.Start; a first
-// delivery of any other id issues no extra statement. Parked messages go to
+// process saw failing or found in the table at Consumer.Start; without
+// crash counting a first delivery of any other id issues no extra statement.
+// A handler that ends its process leaves no error, so by default every
+// attempt is also counted BEFORE its handler runs, in its own committed
+// statement (crash.go; two statements per applied event, ProcessorConfig.
+// NoCrashCount turns it off): past MaxRetries attempts whose last one
+// crashed, the message is parked with class crash, not run again. Parked messages go to
 // the dead-letter table with topic, queue, offset, msg id, event id, business
 // key, class, error text, payload hash and the envelope properties. The
 // payload itself is not stored unless ProcessorConfig.Redact opts out

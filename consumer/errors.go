@@ -31,6 +31,10 @@ const (
 	// ClassUnknown: an error nobody classified. Handled like ClassTransient
 	// (retried up to MaxRetries, then parked) but labelled apart so it shows.
 	ClassUnknown = errclass.Unknown
+	// ClassCrash: the handler's process ended while it ran (a crash, an
+	// os.Exit, a SIGKILL), counted before each run (ProcessorConfig.
+	// NoCrashCount). Parked when the retry bound is spent, not run again.
+	ClassCrash = errclass.Crash
 )
 
 // Sentinel errors. Every error this package returns wraps one of them or an
@@ -53,6 +57,10 @@ var (
 	// ErrRetryLimit is wrapped when a retryable failure ran out of attempts
 	// and was parked.
 	ErrRetryLimit = errors.New("consumer: retry limit reached")
+	// ErrHandlerCrash is the error of an event parked with class Crash:
+	// its handler's process ended while it ran, more often than
+	// MaxRetries allows.
+	ErrHandlerCrash = errors.New("consumer: the process ended while the handler ran")
 	// ErrHandlerPanic is wrapped when a handler panicked (class unknown).
 	ErrHandlerPanic = errors.New("consumer: handler panicked")
 	// ErrNotFound is returned by DeadLetterStore.Get for a missing id.

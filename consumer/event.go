@@ -41,6 +41,9 @@ type Event struct {
 	// handling is the call of the Handler this Event was handed to (nil
 	// for any other Event): where SetResultRef records its reference.
 	handling *handling
+	// counted: this delivery's attempt was counted before its handler ran
+	// (crash counting, Processor.countAttempt), so its attempt row exists.
+	counted bool
 }
 
 // Delivery is where and how the broker delivered the message.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/otelx"
 	"github.com/rmqtx/rmqtx/metrics"
@@ -54,9 +55,13 @@ func (p *Processor) fail(ctx context.Context, m Message, ev Event, c Class, err 
 	}
 	bctx, cancel := bookkeeping(ctx)
 	defer cancel()
-	text := clip(p.cfg.RedactText(err.Error()), 2000)
+	text := clip(p.cfg.RedactText(rmqlog.ScrubText(err.Error())), 2000)
 	attempts := ev.Delivery.ReconsumeTimes + 1
-	_, rerr := p.stmts.Exec(bctx, p.q.upsertAttempt, p.cfg.Group, ev.ID, string(c), text)
+	record := p.q.upsertAttempt
+	if ev.counted {
+		record = p.q.recordCounted // counted before the handler ran (crash.go)
+	}
+	_, rerr := p.stmts.Exec(bctx, record, p.cfg.Group, ev.ID, string(c), text)
 	p.failed.add(ev.ID) // even on an error: the row may have been written
 	if rerr == nil {
 		rerr = p.stmts.Get(bctx, &attempts, p.q.selectAttempt, p.cfg.Group, ev.ID)
@@ -98,7 +103,7 @@ func (p *Processor) park(ctx context.Context, m Message, ev Event, c Class, caus
 	if existingHash != "" {
 		existing = existingHash
 	}
-	text := clip(p.cfg.RedactText(cause.Error()), 8000)
+	text := clip(p.cfg.RedactText(rmqlog.ScrubText(cause.Error())), 8000)
 	d := m.Delivery
 	_, id, err := p.d.ExecReturning(bctx, cached{c: p.stmts}, p.q.upsertDeadLetterSQL,
 		p.cfg.Group, clip(d.Topic, 255), d.QueueID, d.QueueOffset, clip(d.MsgID, 128), clip(ev.ID, 128),

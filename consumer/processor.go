@@ -101,6 +101,8 @@ type queries struct {
 	selectAttemptIDs                                                 string
 	selectVersion, lockVersion, updateVersion                        string
 	upsertAttempt, selectAttempt, deleteAttempt, upsertDeadLetterSQL string
+	// countAttempt and recordCounted are crash counting's (crash.go).
+	countAttempt, recordCounted string
 }
 
 // NewProcessor validates cfg (after WithDefaults) and returns a Processor.
@@ -150,12 +152,17 @@ func newQueries(d dialect.Dialect, t tables) queries {
 		deleteAttempt:       "DELETE FROM " + t.attempt + " WHERE consumer_group = ? AND event_id = ?",
 		selectAttemptIDs:    "SELECT event_id FROM " + t.attempt + " WHERE consumer_group = ? ORDER BY updated_at DESC LIMIT " + strconv.Itoa(failedSetSize),
 		upsertDeadLetterSQL: upsertDeadLetter(d, t.dead),
+		countAttempt:        countAttemptSQL(d, t.attempt),
+		recordCounted: d.Upsert(t.attempt, "consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at",
+			"?, ?, 1, ?, ?, "+now+", "+now, "consumer_group, event_id",
+			"last_class = "+d.Excluded("last_class")+", last_error = "+d.Excluded("last_error")+", updated_at = "+now),
 	}
 	for _, iso := range d.IsolationExprs() {
 		q.preRead = append(q.preRead, "SELECT request_hash AS h, "+iso+" AS iso FROM "+t.log+" WHERE consumer_group = ? AND event_id = ?")
 	}
 	for _, s := range []*string{&q.insertLog, &q.selectLogHash, &q.markStale, &q.setResultRef, &q.selectAttemptIDs,
-		&q.selectVersion, &q.lockVersion, &q.updateVersion, &q.upsertAttempt, &q.selectAttempt, &q.deleteAttempt, &q.upsertDeadLetterSQL} {
+		&q.selectVersion, &q.lockVersion, &q.updateVersion, &q.upsertAttempt, &q.selectAttempt, &q.deleteAttempt, &q.upsertDeadLetterSQL,
+		&q.countAttempt, &q.recordCounted} {
 		*s = d.Rebind(*s)
 	}
 	for i := range q.preRead {

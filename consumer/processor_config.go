@@ -103,6 +103,19 @@ type ProcessorConfig struct {
 	// is parked on failure number MaxRetries+1. Default 10; negative means 0
 	// (park on the first failure).
 	MaxRetries int
+	// NoCrashCount turns off the attempt counted before each handler run.
+	// By default every delivery that reaches the database path counts its
+	// attempt in the consume_attempt table, in its own committed statement,
+	// before the handler runs; the success's transaction deletes the row.
+	// A handler that ends its process (a crash, os.Exit, an OOM kill)
+	// leaves no error to classify, and its redelivery looks like a first
+	// delivery, so only this count sees it: once an event's attempts
+	// exceed MaxRetries and the last one crashed, it is parked with class
+	// ClassCrash instead of running again (in batch mode an event whose
+	// last attempt crashed runs alone). The cost is two statements per
+	// applied event (the count, and its delete in the transaction). With
+	// NoCrashCount such an event is redelivered for as long as it crashes.
+	NoCrashCount bool
 	// MaxWaits bounds Wait failures (business waits and strict version gaps)
 	// the same way. Default 20; negative means 0.
 	MaxWaits int

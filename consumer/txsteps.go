@@ -8,6 +8,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/wire"
@@ -35,6 +36,10 @@ type item struct {
 	m     Message
 	ev    Event
 	route Route
+	// Crash counting (crash.go): the previous attempt crashed; the event is
+	// to be parked as a crash instead of run; the count that said so.
+	crashed, crashPark bool
+	attempts           int
 }
 
 // check runs what needs no transaction: decoding (or adoption), the
@@ -96,6 +101,9 @@ func (p *Processor) apply(ctx context.Context, it item) Outcome {
 		p.cache.add(ev.ID, ev.PayloadHash)
 		return p.duplicate(ctx, ev)
 	}
+	if p.counting() && !it.ev.counted {
+		p.countAttempt(ctx, &it)
+	}
 	return p.result(ctx, it, p.applyTx(ctx, it))
 }
 
@@ -150,7 +158,10 @@ func (p *Processor) applyTx(ctx context.Context, it item) decision {
 	if err != nil {
 		return failed(ClassTransient, err)
 	}
-	if d.state == evNew {
+	switch {
+	case d.state == evNew && it.crashPark:
+		d = crashDecision(it.attempts) // rolled back: parked, not run
+	case d.state == evNew:
 		d = p.eventSteps(ctx, tx, it)
 	}
 	if d.state == evApplied || d.state == evStale {
@@ -305,7 +316,8 @@ func (p *Processor) handlerStep(ctx context.Context, tx *sqlx.Tx, it item) decis
 }
 
 // mayHaveAttempts reports whether ev's event may have an attempt row, so
-// that its success or dedup hit must delete it: a retry (ReconsumeTimes > 0:
+// that its success or dedup hit must delete it: an attempt counted before
+// its handler (crash counting, crash.go: then it has one), a retry (ReconsumeTimes > 0:
 // this very message failed before, here or on another instance), or an id
 // this process saw fail or found failed at Consumer.Start (another copy of
 // it failed; this copy is a first delivery). Any other first delivery - the
@@ -315,7 +327,7 @@ func (p *Processor) handlerStep(ctx context.Context, tx *sqlx.Tx, it item) decis
 // the failure and answering the broker leaves it to the restarted process,
 // which loads the ids at Start).
 func (p *Processor) mayHaveAttempts(ev Event) bool {
-	return ev.Delivery.ReconsumeTimes > 0 || p.failed.has(ev.ID)
+	return ev.counted || ev.Delivery.ReconsumeTimes > 0 || p.failed.has(ev.ID)
 }
 
 // clearAttemptsTx deletes ev's attempt row, if it may have one, in the
@@ -417,7 +429,7 @@ func (p *Processor) duplicate(ctx context.Context, ev Event) Outcome {
 func callHandler(ctx context.Context, h Handler, tx *sqlx.Tx, ev Event) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrHandlerPanic, r)
+			err = fmt.Errorf("%w: %v", ErrHandlerPanic, rmqlog.ScrubValue(r))
 		}
 	}()
 	return h(ctx, tx, ev)
@@ -426,7 +438,7 @@ func callHandler(ctx context.Context, h Handler, tx *sqlx.Tx, ev Event) (err err
 func callValidate(v func(Event) error, ev Event) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = BadData(fmt.Errorf("validate panicked: %v", r))
+			err = BadData(fmt.Errorf("validate panicked: %v", rmqlog.ScrubValue(r)))
 		}
 	}()
 	return v(ev)

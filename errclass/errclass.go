@@ -51,10 +51,15 @@ const (
 	// timeout after the request left). Retried like Transient, labelled
 	// apart so it shows.
 	Unknown Class = "unknown"
+	// Crash: the work ended its process (a consumer's handler that crashed
+	// or killed it) as many times as the retry bound allows. Counted before
+	// each run, because a crash leaves no error to classify; parked, never
+	// run again.
+	Crash Class = "crash"
 )
 
 // All lists every class.
-var All = []Class{Transient, Wait, Permanent, Data, Conflict, Unknown}
+var All = []Class{Transient, Wait, Permanent, Data, Conflict, Unknown, Crash}
 
 // String returns the class name.
 func (c Class) String() string { return string(c) }

@@ -152,6 +152,9 @@ type TestHooks struct {
 	// outcome (which is persisted as usual): to the broker this is an
 	// END_TRANSACTION that was lost, so it checks the half later.
 	LoseEnd func(eventID string) bool
+	// Now, when set, is the host clock Start compares with the
+	// database's (checkClock), in place of time.Now: a skewed clock.
+	Now func() time.Time
 }
 
 // WithDefaults returns a copy of c with defaults filled in.

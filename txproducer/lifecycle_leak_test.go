@@ -31,8 +31,8 @@ func producerLeftovers(t *testing.T) []testenv.Leftover {
 // and Shutdown, three times after a warm-up lifecycle: every goroutine the
 // lifecycles started ends (the pool's connections and the client's known
 // leftovers aside, listed by name: producerLeftovers, testenv.Leftover*).
-// Discard recovery is off here (its push consumer left a pull in flight
-// past the check's wait; see the discard leak check). Both databases, one
+// Discard recovery is off here: discard's own TestLifecycleLeakWithTraffic
+// checks it with real discarded halves. Both databases, one
 // after the other (not parallel: it judges every goroutine of the process).
 func TestLifecycleLeakWithTraffic(t *testing.T) {
 	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {

@@ -559,6 +559,11 @@ func (c *rmqClient) Shutdown() {
 		close(c.done)
 		c.close.Store(true)
 		c.remoteClient.ShutDown()
+		// The name server connections are the namesrvs' own remoting
+		// client's: nothing else closes them.
+		if ns, ok := c.option.Namesrv.(*namesrvs); ok {
+			ns.nameSrvClient.ShutDown()
+		}
 		c.removeClient()
 	})
 }

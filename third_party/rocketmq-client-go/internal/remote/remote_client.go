@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"github.com/apache/rocketmq-client-go/v2/internal/utils"
 	"io"
 	"net"
@@ -61,7 +62,13 @@ type remotingClient struct {
 	processors       map[int16]ClientRequestFunc
 	connectionLocker sync.Mutex
 	interceptor      primitive.Interceptor
+	// closed is set by ShutDown (under connectionLocker): connect opens
+	// no connection afterwards, so none outlives the client.
+	closed bool
 }
+
+// ErrRemotingClientShutdown is returned for a request made after ShutDown.
+var ErrRemotingClientShutdown = errors.New("remoting client is shut down")
 
 type RemotingClientConfig struct {
 	TcpOption
@@ -155,6 +162,9 @@ func (c *remotingClient) connect(ctx context.Context, addr string) (*tcpConnWrap
 	// it needs additional locker.
 	c.connectionLocker.Lock()
 	defer c.connectionLocker.Unlock()
+	if c.closed {
+		return nil, ErrRemotingClientShutdown
+	}
 	conn, ok := c.connectionTable.Load(addr)
 	if ok {
 		return conn.(*tcpConnWrapper), nil
@@ -374,7 +384,11 @@ func (c *remotingClient) ShutDown() {
 		c.responseTable.Delete(key)
 		return true
 	})
+	c.connectionLocker.Lock()
+	defer c.connectionLocker.Unlock()
+	c.closed = true
 	c.connectionTable.Range(func(key, value interface{}) bool {
+		c.connectionTable.Delete(key)
 		conn := value.(*tcpConnWrapper)
 		err := conn.destroy()
 		if err != nil {

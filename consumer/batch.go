@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -21,9 +22,11 @@ const DefaultBatchTxSize = 16
 // of one delivered batch (one queue, up to BatchSize) share one database
 // transaction, in delivery order:
 //
+//	count the attempts of all of them (crash counting, crash.go: one statement)
 //	BEGIN
 //	insert the dedup rows of all of them, skipping existing ones (one statement)
-//	per event: version guard; handler; (result ref; attempts)
+//	per event: version guard; handler; (result ref)
+//	delete the attempt rows of those that have one (one statement)
 //	COMMIT, then ACK
 //
 // When an event fails, that pass is rolled back and the others run again in
@@ -77,18 +80,34 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message) []Outcome 
 		default:
 			seen[it.ev.ID] = true
 			it.idx = i
-			if p.counting() {
-				p.countAttempt(ctx, &it)
-			}
-			if it.crashed {
-				// Its last attempt ended the process: it runs alone (or is
-				// parked), so it cannot take its neighbours down again.
-				outs[i] = p.apply(ctx, it)
-				continue
-			}
 			run = append(run, it)
 		}
 	}
+	// Crash counting (crash.go): the events no other copy runs in this
+	// process, counted together; the claims last until their outcomes are
+	// recorded.
+	var claimed []string
+	if p.counting() {
+		count := make([]*item, 0, len(run))
+		for i := range run {
+			if p.running.claim(run[i].ev.ID) {
+				claimed = append(claimed, run[i].ev.ID)
+				count = append(count, &run[i])
+			}
+		}
+		p.countBatch(ctx, count)
+	}
+	kept := run[:0]
+	for _, it := range run {
+		if it.crashed {
+			// Its last attempt ended the process: it runs alone (or is
+			// parked), so it cannot take its neighbours down again.
+			outs[it.idx] = p.apply(ctx, it)
+			continue
+		}
+		kept = append(kept, it)
+	}
+	run = kept
 	switch len(run) {
 	case 0:
 	case 1:
@@ -96,6 +115,7 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message) []Outcome 
 	default:
 		p.applyBatch(ctx, run, outs)
 	}
+	p.running.release(claimed...)
 	for _, i := range later {
 		outs[i] = p.Process(ctx, msgs[i])
 	}
@@ -124,6 +144,7 @@ const savepointName = "rmqtx_event"
 func (p *Processor) applyBatch(ctx context.Context, items []item, outs []Outcome) {
 	evs := make([]*batchEvent, len(items))
 	for i, it := range items {
+		it.batch = true
 		evs[i] = &batchEvent{item: it}
 	}
 	k, err := p.runBatchTx(ctx, evs, p.batchQueries.savepointsAlways)
@@ -159,19 +180,24 @@ func (p *Processor) applyBatch(ctx context.Context, items []item, outs []Outcome
 // reason that is not one event's (the database, a lost transaction, the
 // commit).
 func (p *Processor) runBatchTx(ctx context.Context, evs []*batchEvent, savepoints bool) (failedAt int, err error) {
-	tx, err := p.begin(ctx)
-	if err != nil {
-		return -1, err
-	}
-	defer func() {
-		if tx != nil {
-			_ = tx.Rollback() // a no-op after the commit
+	// 1. The dedup rows, all in one statement; a deadlock there is run
+	// again at once, as in single mode (dedupAgain).
+	var tx *sqlx.Tx
+	for try := 1; ; try++ {
+		if tx, err = p.begin(ctx); err != nil {
+			return -1, err
 		}
-	}()
-	// 1. The dedup rows, all in one statement.
-	if tx, err = p.batchDedup(ctx, tx, evs); err != nil {
-		return -1, err
+		if tx, err = p.batchDedup(ctx, tx, evs); err == nil {
+			break
+		}
+		if tx != nil {
+			_ = tx.Rollback()
+		}
+		if !p.dedupAgain(err, try) {
+			return -1, err
+		}
 	}
+	defer func() { _ = tx.Rollback() }() // a no-op after the commit
 	// 2. Per event, in order: guard and handler.
 	for i, e := range evs {
 		if e.state != evNew {
@@ -186,9 +212,56 @@ func (p *Processor) runBatchTx(ctx context.Context, evs []*batchEvent, savepoint
 			return i, nil
 		}
 	}
-	// 3. Commit. A commit error is ambiguous; the redeliveries find out
+	// 3. The attempt rows of the events it applies, all in one statement.
+	cleared, err := p.clearBatchAttempts(ctx, tx, evs)
+	if err != nil {
+		return -1, err
+	}
+	// 4. Commit. A commit error is ambiguous; the redeliveries find out
 	// (dedup hits if it did commit).
-	return -1, p.commit(tx)
+	if err := p.commit(tx); err != nil {
+		return -1, err
+	}
+	for _, e := range cleared {
+		e.ev.cleared = true
+	}
+	return -1, nil
+}
+
+// clearBatchAttempts deletes, in the batch's transaction and with one
+// statement, the attempt rows of the events of evs that may have one and
+// that the transaction commits as applied, stale or a dedup hit with their
+// own hash: their failures' (and counts') bookkeeping goes with the commit,
+// atomically, as clearAttemptsTx does for one event. It returns those
+// events, to be marked cleared once the commit succeeded. The rows are
+// deleted in event id order, the order the batch count locks them in.
+func (p *Processor) clearBatchAttempts(ctx context.Context, tx *sqlx.Tx, evs []*batchEvent) ([]*batchEvent, error) {
+	var clear []*batchEvent
+	for _, e := range evs {
+		switch {
+		case !p.mayHaveAttempts(e.ev):
+		case e.state == evApplied, e.state == evStale,
+			e.state == evDuplicate && e.existing == e.ev.PayloadHash:
+			clear = append(clear, e)
+		}
+	}
+	if len(clear) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(clear))
+	for i, e := range clear {
+		ids[i] = e.ev.ID
+	}
+	slices.Sort(ids)
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, p.cfg.Group)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if _, err := p.stmts.TxExec(ctx, tx, p.batchQueries.deleteAttempts(len(ids)), args...); err != nil {
+		return nil, fmt.Errorf("consumer: clear attempts: %w", err)
+	}
+	return clear, nil
 }
 
 // batchDedup inserts the dedup rows of evs with one statement that skips
@@ -285,10 +358,11 @@ func (p *Processor) batchEventSteps(ctx context.Context, tx *sqlx.Tx, e *batchEv
 // batchSQL builds (and keeps) the batch statements per batch size: a few
 // texts, each prepared once (package stmtcache).
 type batchSQL struct {
-	d   dialect.Dialect
-	log string // the consume log's table
-	mu  sync.Mutex
-	m   map[string]string
+	d       dialect.Dialect
+	log     string // the consume log's table
+	attempt string // the attempt table (crash counting, crash.go)
+	mu      sync.Mutex
+	m       map[string]string
 	// savepointsAlways makes the first pass take a savepoint per event too
 	// (for tests and measurements that compare the two).
 	savepointsAlways bool
@@ -328,6 +402,14 @@ func (b *batchSQL) hashes(n int) string {
 	return b.get(fmt.Sprintf("hashes/%d", n), func() string {
 		return "SELECT event_id, request_hash FROM " + b.log + " WHERE consumer_group = ? AND event_id IN (" +
 			strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ") " + b.d.SharedLock()
+	})
+}
+
+// deleteAttempts removes the attempt rows of n events (clearBatchAttempts).
+func (b *batchSQL) deleteAttempts(n int) string {
+	return b.get(fmt.Sprintf("attempts/%d", n), func() string {
+		return "DELETE FROM " + b.attempt + " WHERE consumer_group = ? AND event_id IN (" +
+			strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 	})
 }
 

@@ -39,30 +39,34 @@ func results(outs []Outcome) []Result {
 	return r
 }
 
-// A batch of new events costs BEGIN, one dedup INSERT for all of them, a
-// SAVEPOINT and the handler per event, and COMMIT.
+// A batch of new events costs BEGIN, one dedup INSERT for all of them, the
+// handler per event, and COMMIT; crash counting (the default) adds two
+// statements per batch whatever its size: one count for all the events
+// before BEGIN and one DELETE of their counts in the transaction; a third,
+// the read of the events whose previous attempt crashed, only when some
+// events had an attempt row already (MySQL: PostgreSQL's count returns them).
 func TestProcessBatchRoundTrips(t *testing.T) {
 	t.Parallel()
 	// MariaDB only, as TestProcessRoundTrips: counted with the server's
-	// session counters. PostgreSQL runs the same statements.
+	// session counters. PostgreSQL runs the same statements but the read.
 	db := setupDB(t, testenv.MySQLDB(t))
 	one, m := singleConn(t, db)
 	p := newProc(t, one, func(c *ProcessorConfig) {
 		c.Routes = map[string]Route{"Created": {Handler: preparedHandler(t, one)}}
 		c.DedupCacheSize = -1
-		c.NoCrashCount = true // the counted path's cost: TestCrashCountCost
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const n = 16
-	run := func() error {
-		for _, o := range p.ProcessBatch(ctx, batchOfMsgs(newIDs(n), "Created")) {
+	runIDs := func(ids []string) error {
+		for _, o := range p.ProcessBatch(ctx, batchOfMsgs(ids, "Created")) {
 			if o.Result != ResultApplied {
 				return fmt.Errorf("%s %v", o.Result, o.Err)
 			}
 		}
 		return nil
 	}
+	run := func() error { return runIDs(newIDs(n)) }
 	require.NoError(t, run())
 	testenv.Eventually(t, 10*time.Second, "statements prepared", func() bool {
 		c, err := m.Measure(ctx, run)
@@ -70,10 +74,34 @@ func TestProcessBatchRoundTrips(t *testing.T) {
 	})
 	c, err := m.Measure(ctx, run)
 	require.NoError(t, err)
-	t.Logf("batch of %d first deliveries: %s (%.2f round trips per event; single mode: 4)", n, c, float64(c.RoundTrips())/n)
-	require.EqualValues(t, 3+n, c.RoundTrips(), "BEGIN, dedup INSERT, the handler per event, COMMIT")
+	t.Logf("batch of %d first deliveries, counted: %s (%.2f round trips per event; single mode: 6)", n, c, float64(c.RoundTrips())/n)
+	require.EqualValues(t, 5+n, c.RoundTrips(), "count, BEGIN, dedup INSERT, the handler per event, DELETE of the counts, COMMIT")
 	require.Zero(t, c.Savepoint, "no savepoint while every event succeeds")
 	require.EqualValues(t, 1, c.Commit)
+	require.Zero(t, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt"), "the counts deleted with the commit")
+
+	// Events that failed before (an attempt row each, none a crash): the
+	// read of the crashed ones comes on top, still one for the batch.
+	warm, ids := newIDs(n), newIDs(n)
+	for _, id := range append([]string{warm[0]}, ids...) {
+		exec(t, db, "INSERT INTO rmqtx_consume_attempt (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at)"+
+			" VALUES (?, ?, 1, 'transient', 'earlier', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))", p.Config().Group, id)
+	}
+	require.NoError(t, runIDs(warm)) // the read's statement prepared
+	c, err = m.Measure(ctx, func() error { return runIDs(ids) })
+	require.NoError(t, err)
+	t.Logf("batch of %d events with earlier attempts, counted: %s", n, c)
+	require.EqualValues(t, 6+n, c.RoundTrips(), "count, read of the crashed, BEGIN, dedup INSERT, the handlers, DELETE, COMMIT")
+	require.Zero(t, c.Prepare)
+	require.Zero(t, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt"), "the counts deleted with the commit")
+
+	// Without crash counting: none of the three.
+	p.cfg.NoCrashCount = true
+	require.NoError(t, run())
+	c, err = m.Measure(ctx, run)
+	require.NoError(t, err)
+	t.Logf("batch of %d first deliveries, NoCrashCount: %s (%.2f round trips per event; single mode: 4)", n, c, float64(c.RoundTrips())/n)
+	require.EqualValues(t, 3+n, c.RoundTrips(), "BEGIN, dedup INSERT, the handler per event, COMMIT")
 
 	// With a savepoint per event from the start: one more round trip each.
 	p.batchQueries.savepointsAlways = true

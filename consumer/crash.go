@@ -3,6 +3,9 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 
 	"github.com/rmqtx/rmqtx/internal/dialect"
 )
@@ -35,6 +38,32 @@ import (
 //
 // Before BEGIN, not inside the transaction: a second connection taken while
 // the transaction holds one could wait forever on a pool of one.
+//
+// Overlapping copies. A copy of an event delivered while another copy of it
+// runs in this process (a duplicate storm, a redelivery during a slow
+// handler) would see the running copy's mark and count it as a crash; more
+// than MaxRetries such copies would park a healthy event as a crash while
+// its first copy commits, and each would wait on the row lock of the
+// running transaction's DELETE. So the processor keeps the ids whose
+// counted attempt is under way in this process (running, claimed before
+// the count and released once the attempt's outcome is recorded); a copy
+// whose id is claimed does not count and does not touch the attempt row: it
+// goes on to the dedup step, which waits for the running copy's
+// transaction and is a dedup hit when it commits. When the running copy
+// fails instead, the copy that then inserts the dedup row runs its handler
+// uncounted (a crash of that run is not counted; the next delivery counts
+// again). Copies that overlap across instances (processes) still count,
+// each once: such a copy may take the other instance's running attempt for
+// a crash, so parking a healthy event that way needs more than MaxRetries
+// copies delivered to other instances while one attempt runs.
+//
+// Batch mode (ProcessBatch) counts the events of a batch together, in a
+// constant number of statements whatever its size: one multi-row count
+// before BEGIN (countBatch), one read of the events whose previous attempt
+// crashed (skipped on MySQL when the count inserted every row; PostgreSQL
+// returns them from the count itself), and one multi-row DELETE of the
+// attempt rows of the events the batch applies, in the batch's transaction
+// (clearBatchAttempts, batch.go).
 
 // crashText is what a counted attempt that crashed leaves in last_error. It
 // is a constant (no data) and names no column (the PostgreSQL dialect
@@ -85,6 +114,167 @@ func (p *Processor) countAttempt(ctx context.Context, it *item) {
 	it.crashPark = it.attempts-1 > p.cfg.MaxRetries
 	p.cfg.Logger.WithFields(p.fields(it.ev)).WithField("attempt", it.attempts).WithField("parked", it.crashPark).
 		Warn("consumer: the previous attempt of this event ended its process while the handler ran")
+}
+
+// countBatch counts the attempts of its, the events of one batch whose ids
+// this processor claimed, like countAttempt but in one statement (and, on
+// MySQL, one read of the crashed ones when some rows existed). The rows
+// are counted in event id order, so two batches that share events lock
+// their rows in the same order. An error is logged and leaves every event
+// uncounted.
+func (p *Processor) countBatch(ctx context.Context, its []*item) {
+	switch len(its) {
+	case 0:
+		return
+	case 1:
+		p.countAttempt(ctx, its[0])
+		return
+	}
+	its = slices.Clone(its)
+	slices.SortFunc(its, func(a, b *item) int { return strings.Compare(a.ev.ID, b.ev.ID) })
+	n := len(its)
+	args := make([]any, 0, 2*n)
+	for _, it := range its {
+		args = append(args, p.cfg.Group, it.ev.ID)
+	}
+	bctx, cancel := bookkeeping(ctx)
+	defer cancel()
+	crashed, err := p.countBatchRows(bctx, n, args)
+	if err != nil {
+		p.cfg.Logger.WithField("consumer_group", p.cfg.Group).WithField("events", n).WithError(err).
+			Warn("consumer: cannot count the attempts of a batch before its handlers")
+		return
+	}
+	for _, it := range its {
+		it.ev.counted = true
+		attempts, ok := crashed[it.ev.ID]
+		if !ok {
+			continue
+		}
+		it.attempts = attempts
+		it.crashed = true
+		it.crashPark = it.attempts-1 > p.cfg.MaxRetries
+		p.cfg.Logger.WithFields(p.fields(it.ev)).WithField("attempt", it.attempts).WithField("parked", it.crashPark).
+			Warn("consumer: the previous attempt of this event ended its process while the handler ran")
+	}
+}
+
+// countBatchRows runs the batch count for n events (args: group and id per
+// event) and returns the attempts, after the count, of the events whose
+// previous attempt crashed.
+func (p *Processor) countBatchRows(ctx context.Context, n int, args []any) (map[string]int, error) {
+	crashed := map[string]int{}
+	b := &p.batchQueries
+	if b.d.Name() != dialect.MySQL.Name() {
+		// PostgreSQL: the count returns every row it wrote, crashed or not.
+		var rows []struct {
+			ID       string `db:"event_id"`
+			Attempts int    `db:"attempts"`
+			Crashed  bool   `db:"crashed"`
+		}
+		if err := p.stmts.Select(ctx, &rows, b.countAttempts(n), args...); err != nil {
+			return nil, fmt.Errorf("consumer: count attempts: %w", err)
+		}
+		for _, r := range rows {
+			if r.Crashed {
+				crashed[r.ID] = r.Attempts
+			}
+		}
+		return crashed, nil
+	}
+	res, err := p.stmts.Exec(ctx, b.countAttempts(n), args...)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: count attempts: %w", err)
+	}
+	affected, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("consumer: count attempts: %w", err)
+	}
+	if affected == int64(n) {
+		// MySQL counts 1 per inserted row and 2 per updated one (the
+		// count always changes attempts): every row is new, none crashed.
+		return crashed, nil
+	}
+	var rows []struct {
+		ID       string `db:"event_id"`
+		Attempts int    `db:"attempts"`
+	}
+	ids := make([]any, 0, n+1)
+	ids = append(ids, p.cfg.Group)
+	for i := 1; i < len(args); i += 2 {
+		ids = append(ids, args[i])
+	}
+	if err := p.stmts.Select(ctx, &rows, b.crashedAttempts(n), ids...); err != nil {
+		return nil, fmt.Errorf("consumer: read crashed attempts: %w", err)
+	}
+	for _, r := range rows {
+		crashed[r.ID] = r.Attempts
+	}
+	return crashed, nil
+}
+
+// crashedWhere is true of an attempt row, right after its count, when the
+// previous attempt crashed (the count turned its mark into crashText).
+const crashedWhere = "last_error = '" + crashText + "' AND last_class = '" + string(ClassCrash) + "'"
+
+// countAttempts is countAttemptSQL for n rows in one statement. On
+// PostgreSQL it returns each row's event id, attempts and whether the
+// previous attempt crashed; on MySQL it returns nothing (crashedAttempts
+// reads them).
+func (b *batchSQL) countAttempts(n int) string {
+	return b.get(fmt.Sprintf("count/%d", n), func() string {
+		crash := "'" + string(ClassCrash) + "'"
+		row := "(?, ?, 1, " + crash + ", '', " + b.d.Now() + ", " + b.d.Now() + ")"
+		q := b.d.Upsert(b.attempt,
+			"consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at",
+			strings.TrimSuffix(strings.Repeat(row+", ", n), ", "), "consumer_group, event_id",
+			"attempts = attempts + 1, last_error = CASE WHEN last_class = "+crash+" THEN '"+crashText+"' ELSE last_error END, "+
+				"last_class = "+crash+", updated_at = "+b.d.Now())
+		if b.d.Name() != dialect.MySQL.Name() {
+			q += " RETURNING event_id, attempts, (" + crashedWhere + ") AS crashed"
+		}
+		return q
+	})
+}
+
+// crashedAttempts reads, among n events just counted, those whose previous
+// attempt crashed, with their attempts (MySQL's second statement).
+func (b *batchSQL) crashedAttempts(n int) string {
+	return b.get(fmt.Sprintf("crashed/%d", n), func() string {
+		return "SELECT event_id, attempts FROM " + b.attempt + " WHERE consumer_group = ? AND event_id IN (" +
+			strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ") AND " + crashedWhere
+	})
+}
+
+// runningSet holds the ids of the events whose counted attempt is under
+// way in this process (see "Overlapping copies" above).
+type runningSet struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+// claim marks id running and reports true, or reports false when it
+// already is (another copy's attempt runs here: do not count).
+func (s *runningSet) claim(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[id]; ok {
+		return false
+	}
+	if s.m == nil {
+		s.m = map[string]struct{}{}
+	}
+	s.m[id] = struct{}{}
+	return true
+}
+
+// release ends the claims on ids.
+func (s *runningSet) release(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		delete(s.m, id)
+	}
 }
 
 // crashDecision is the failure an event parked as a crash is parked with

@@ -7,15 +7,19 @@ import (
 	"os"
 	oexec "os/exec"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/observe"
 	"github.com/rmqtx/rmqtx/wire"
 )
 
@@ -265,4 +269,92 @@ func TestCrashCountCost(t *testing.T) {
 	require.Equal(t, before["Com_select"], after["Com_select"], "no read")
 	require.Zero(t, countRows(t, one, "SELECT COUNT(*) FROM rmqtx_consume_attempt"))
 	t.Logf("statements for %d first deliveries with crash counting: %v -> %v", n, before, after)
+}
+
+// Copies of one event delivered while its first copy's handler runs in the
+// same process (a duplicate storm, a redelivery during a slow handler) are
+// not crashes: more copies than MaxRetries+1, some of them in batches next
+// to a fresh event, queue up behind the running copy (each blocked on its
+// dedup row), which then fails once; the copy that runs next applies the
+// event. One effect, no dead letter, no crash warning, and one count in the
+// attempt row: the first copy's (the others did not touch it).
+func TestOverlappingCopiesAreNotCrashes(t *testing.T) {
+	t.Parallel()
+	eachDB(t, testOverlappingCopiesAreNotCrashes)
+}
+
+func testOverlappingCopiesAreNotCrashes(t *testing.T, db *sqlx.DB) {
+	const maxRetries, copies, batched = 3, 12, 4 // the last `batched` copies come in a batch with a fresh event each
+	ctx := context.Background()
+	l, hook := logtest.NewNullLogger()
+	l.SetLevel(logrus.InfoLevel)
+	watch := testenv.Reopen(t, db) // the lock watcher's own pool
+	queued := func() bool {
+		single, err1 := testenv.LockWaiters(watch, "INSERT INTO rmqtx_consume_log")
+		batch, err2 := testenv.LockWaiters(watch, "INSERT IGNORE INTO rmqtx_consume_log") // MySQL's batch insert
+		return err1 == nil && err2 == nil && single+batch >= copies-1
+	}
+	x := wire.NewEventID()
+	var calls atomic.Int32
+	var overlapped atomic.Bool
+	p := newProc(t, db, func(c *ProcessorConfig) {
+		c.MaxRetries = maxRetries
+		c.Observe = observe.Observe{Logger: l}
+		c.Routes["Created"] = Route{Handler: func(ctx context.Context, tx *sqlx.Tx, e Event) error {
+			if e.ID == x && calls.Add(1) == 1 {
+				// The first copy to run waits until every other copy waits
+				// for it, then fails once.
+				overlapped.Store(testenv.Await(60*time.Second, queued))
+				return Transient(errors.New("the first copy fails once"))
+			}
+			return effectHandler(ctx, tx, e)
+		}}
+	})
+	outs := make([]Outcome, copies)
+	fresh := make([]Outcome, batched)
+	var wg sync.WaitGroup
+	for i := range copies {
+		m := msg(ev(x, "Created"), `{"n":"x"}`)
+		if i < copies-batched {
+			wg.Go(func() { outs[i] = p.Process(ctx, m) })
+			continue
+		}
+		y := msg(ev(wire.NewEventID(), "Created"), fmt.Sprintf(`{"n":%d}`, i))
+		wg.Go(func() {
+			o := p.ProcessBatch(ctx, []Message{m, y})
+			outs[i], fresh[i-(copies-batched)] = o[0], o[1]
+		})
+	}
+	wg.Wait()
+	require.True(t, overlapped.Load(), "the other %d copies never all waited for the first", copies-1)
+
+	byResult := map[Result]int{}
+	for _, o := range outs {
+		byResult[o.Result]++
+		require.NotEqual(t, ClassCrash, o.Class, "%+v", o)
+		if o.Err != nil {
+			t.Logf("copy: %s %s %v", o.Result, o.Class, o.Err)
+		}
+	}
+	require.Equal(t, map[Result]int{ResultRetry: 1, ResultApplied: 1, ResultDuplicate: copies - 2}, byResult)
+	for _, o := range fresh {
+		require.Equal(t, ResultApplied, o.Result, "%+v", o)
+	}
+	require.Equal(t, 1+batched, effects(t, db), "the event once, and each batch's fresh event")
+	require.Zero(t, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_dead_letter"))
+	for _, e := range hook.AllEntries() {
+		require.NotContains(t, e.Message, "ended its process", "no copy took the running one for a crash")
+	}
+	g := p.Config().Group
+	if attemptRows(t, db, g, x) > 0 { // the failed first copy's row, unless the winner's commit deleted it
+		require.Equal(t, 1, countRows(t, db, "SELECT attempts FROM rmqtx_consume_attempt WHERE consumer_group = ? AND event_id = ?", g, x),
+			"only the first copy counted")
+	}
+	// The failed copy's redelivery: a dedup hit, which clears the row.
+	m := msg(ev(x, "Created"), `{"n":"x"}`)
+	m.Delivery.ReconsumeTimes = 1
+	require.Equal(t, ResultDuplicate, p.Process(ctx, m).Result)
+	require.Zero(t, countRows(t, db, "SELECT COUNT(*) FROM rmqtx_consume_attempt WHERE consumer_group = ?", g))
+	require.Equal(t, 1+batched, effects(t, db))
+	t.Logf("COUNTS overlapping copies: copies=%d results=%v effects=%d", copies, byResult, effects(t, db))
 }

@@ -39,14 +39,17 @@
 // crash counting a first delivery of any other id issues no extra statement.
 // A handler that ends its process leaves no error, so by default every
 // attempt is also counted BEFORE its handler runs, in its own committed
-// statement (crash.go; two statements per applied event, ProcessorConfig.
-// NoCrashCount turns it off): past MaxRetries attempts whose last one
-// crashed, the message is parked with class crash, not run again. Parked messages go to
-// the dead-letter table with topic, queue, offset, msg id, event id, business
-// key, class, error text, payload hash and the envelope properties. The
-// payload itself is not stored unless ProcessorConfig.Redact opts out
-// (KeepPayload, which a replay with the original event id needs, or a
-// masking hook). DeadLetterStore lists and resolves them.
+// statement (crash.go; two statements per applied event, two or three per
+// batch in batch mode, ProcessorConfig.NoCrashCount turns it off): past
+// MaxRetries attempts whose last one crashed, the message is parked with
+// class crash, not run again. A copy of an event whose attempt runs in the
+// same process is not counted (the mark it would see is that live
+// attempt's, not a crash's). Parked messages go to the dead-letter table
+// with topic, queue, offset, msg id, event id, business key, class, error
+// text, payload hash and the envelope properties. The payload itself is not
+// stored unless ProcessorConfig.Redact opts out (KeepPayload, which a
+// replay with the original event id needs, or a masking hook).
+// DeadLetterStore lists and resolves them.
 //
 // Duplicates are cheap. Each Processor keeps a bounded cache
 // (DedupCacheSize, default 10000) of the (event id, hash) pairs it saw

@@ -44,6 +44,9 @@ type Event struct {
 	// counted: this delivery's attempt was counted before its handler ran
 	// (crash counting, Processor.countAttempt), so its attempt row exists.
 	counted bool
+	// cleared: the event's attempt row was deleted with its batch's commit
+	// (clearBatchAttempts), so nothing after it needs to delete it again.
+	cleared bool
 }
 
 // Delivery is where and how the broker delivered the message.

@@ -84,6 +84,9 @@ type Processor struct {
 	// failed holds the ids this process saw fail (their attempt rows are
 	// deleted with their success or dedup hit).
 	failed *failedSet
+	// running holds the ids whose counted attempt is under way in this
+	// process: another copy of such an event does not count (crash.go).
+	running runningSet
 	// preRead is the index in q.preRead of the statement the storm
 	// pre-read uses (one per isolation expression of the dialect); past the
 	// last, it is disabled.
@@ -115,7 +118,7 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	t, _ := newTables(cfg.TablePrefix)
 	d := dialect.Must(cfg.DB) // validate checked it
 	p := &Processor{cfg: cfg, db: cfg.DB, d: d, t: t, q: newQueries(d, t), cache: newDedupCache(cfg.DedupCacheSize),
-		failed: newFailedSet(failedSetSize), batchQueries: batchSQL{d: d, log: t.log}, tr: otelx.New(cfg.TracerProvider)}
+		failed: newFailedSet(failedSetSize), batchQueries: batchSQL{d: d, log: t.log, attempt: t.attempt}, tr: otelx.New(cfg.TracerProvider)}
 	p.stmts = stmtcache.New(cfg.DB)
 	stmtcache.CloseWith(p, p.stmts)
 	return p, nil

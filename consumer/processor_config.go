@@ -113,8 +113,13 @@ type ProcessorConfig struct {
 	// exceed MaxRetries and the last one crashed, it is parked with class
 	// ClassCrash instead of running again (in batch mode an event whose
 	// last attempt crashed runs alone). The cost is two statements per
-	// applied event (the count, and its delete in the transaction). With
-	// NoCrashCount such an event is redelivered for as long as it crashes.
+	// applied event (the count, and its delete in the transaction); in batch
+	// mode two per batch whatever its size (one count for all its events,
+	// one delete in its transaction), three when some of its events had an
+	// attempt row already (the read of those that crashed; MySQL only). A
+	// copy of an event whose counted attempt runs in this process does not
+	// count. With NoCrashCount such an event is redelivered for as long as
+	// it crashes.
 	NoCrashCount bool
 	// MaxWaits bounds Wait failures (business waits and strict version gaps)
 	// the same way. Default 20; negative means 0.

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/dialect"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/wire"
@@ -40,6 +42,10 @@ type item struct {
 	// to be parked as a crash instead of run; the count that said so.
 	crashed, crashPark bool
 	attempts           int
+	// batch: the event runs in a batch's shared transaction, whose one
+	// DELETE clears the attempt rows of the events it applies
+	// (clearBatchAttempts), so its steps issue none of their own.
+	batch bool
 }
 
 // check runs what needs no transaction: decoding (or adoption), the
@@ -101,7 +107,10 @@ func (p *Processor) apply(ctx context.Context, it item) Outcome {
 		p.cache.add(ev.ID, ev.PayloadHash)
 		return p.duplicate(ctx, ev)
 	}
-	if p.counting() && !it.ev.counted {
+	// Counted unless another copy of the event is under way in this
+	// process (crash.go): the claim lasts until the outcome is recorded.
+	if p.counting() && !it.ev.counted && p.running.claim(ev.ID) {
+		defer p.running.release(ev.ID)
 		p.countAttempt(ctx, &it)
 	}
 	return p.result(ctx, it, p.applyTx(ctx, it))
@@ -149,15 +158,22 @@ func (p *Processor) preReadHit(ctx context.Context, ev Event) bool {
 // returns, so the result step's writes on other connections never wait on
 // its locks.
 func (p *Processor) applyTx(ctx context.Context, it item) decision {
-	tx, err := p.begin(ctx)
-	if err != nil {
-		return failed(ClassTransient, err)
+	var tx *sqlx.Tx
+	var d decision
+	var err error
+	for try := 1; ; try++ {
+		if tx, err = p.begin(ctx); err != nil {
+			return failed(ClassTransient, err)
+		}
+		if d, err = p.dedupStep(ctx, tx, it.ev); err == nil {
+			break
+		}
+		_ = tx.Rollback()
+		if !p.dedupAgain(err, try) {
+			return failed(ClassTransient, err)
+		}
 	}
 	defer func() { _ = tx.Rollback() }() // after the commit: a no-op
-	d, err := p.dedupStep(ctx, tx, it.ev)
-	if err != nil {
-		return failed(ClassTransient, err)
-	}
 	switch {
 	case d.state == evNew && it.crashPark:
 		d = crashDecision(it.attempts) // rolled back: parked, not run
@@ -172,6 +188,33 @@ func (p *Processor) applyTx(ctx context.Context, it item) decision {
 		}
 	}
 	return d
+}
+
+// dedupDeadlockTries bounds how many times a transaction whose dedup step
+// lost a deadlock is begun at once (dedupAgain).
+const dedupDeadlockTries = 3
+
+// dedupAgain reports whether a transaction whose dedup step failed with err
+// on its try-th run is to be begun again at once. Only a MySQL/MariaDB
+// deadlock is: the dedup step is the transaction's first statement, so
+// nothing else is lost, and it happens without any fault. When the
+// transaction that inserted an event's dedup row rolls back (its handler
+// failed) while copies of the event wait on that row, InnoDB lets the
+// waiters take gap locks, and their inserts deadlock one another. Each of
+// those copies would otherwise be a failed attempt, and more of them than
+// MaxRetries would park a healthy event at the retry limit. PostgreSQL's
+// waiters do not deadlock (one inserts, the others wait on it), and its
+// IsDeadlock also reports the serialization failure of a REPEATABLE READ
+// snapshot, which is left to the redelivery as before. A lock wait timeout
+// is not retried: it has already waited its full bound.
+func (p *Processor) dedupAgain(err error, try int) bool {
+	return try < dedupDeadlockTries && p.d.Name() == dialect.MySQL.Name() && p.d.IsDeadlock(err) && ctxAlive(err)
+}
+
+// ctxAlive reports whether err is not a context's end (a canceled or
+// expired delivery is not run again).
+func ctxAlive(err error) bool {
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
 // eventState is where one event stands in its transaction.
@@ -277,7 +320,7 @@ func (p *Processor) guardStep(ctx context.Context, tx *sqlx.Tx, it item) decisio
 		if _, err := p.stmts.TxExec(ctx, tx, p.q.markStale, g, ev.ID); err != nil {
 			return failed(ClassTransient, fmt.Errorf("consumer: mark stale: %w", err))
 		}
-		if err := p.clearAttemptsTx(ctx, tx, ev); err != nil {
+		if err := p.clearAttemptsTx(ctx, tx, it); err != nil {
 			return failed(ClassTransient, err)
 		}
 		return decision{state: evStale, last: last}
@@ -309,7 +352,7 @@ func (p *Processor) handlerStep(ctx context.Context, tx *sqlx.Tx, it item) decis
 			return failed(ClassTransient, fmt.Errorf("consumer: set result ref: %w", err))
 		}
 	}
-	if err := p.clearAttemptsTx(ctx, tx, it.ev); err != nil {
+	if err := p.clearAttemptsTx(ctx, tx, it); err != nil {
 		return failed(ClassTransient, err)
 	}
 	return decision{state: evApplied}
@@ -327,14 +370,16 @@ func (p *Processor) handlerStep(ctx context.Context, tx *sqlx.Tx, it item) decis
 // the failure and answering the broker leaves it to the restarted process,
 // which loads the ids at Start).
 func (p *Processor) mayHaveAttempts(ev Event) bool {
-	return ev.counted || ev.Delivery.ReconsumeTimes > 0 || p.failed.has(ev.ID)
+	return !ev.cleared && (ev.counted || ev.Delivery.ReconsumeTimes > 0 || p.failed.has(ev.ID))
 }
 
-// clearAttemptsTx deletes ev's attempt row, if it may have one, in the
+// clearAttemptsTx deletes it.ev's attempt row, if it may have one, in the
 // transaction that commits its success: the bookkeeping of the failures
-// goes with the success, atomically.
-func (p *Processor) clearAttemptsTx(ctx context.Context, tx *sqlx.Tx, ev Event) error {
-	if !p.mayHaveAttempts(ev) {
+// goes with the success, atomically. In a batch, the batch's one DELETE
+// does it for all its events (clearBatchAttempts).
+func (p *Processor) clearAttemptsTx(ctx context.Context, tx *sqlx.Tx, it item) error {
+	ev := it.ev
+	if it.batch || !p.mayHaveAttempts(ev) {
 		return nil
 	}
 	if _, err := p.stmts.TxExec(ctx, tx, p.q.deleteAttempt, p.cfg.Group, ev.ID); err != nil {
@@ -409,6 +454,9 @@ func (p *Processor) result(ctx context.Context, it item, d decision) Outcome {
 // attempt row of an event that may have one is deleted first (a dedup hit
 // has no transaction of its own to do it in).
 func (p *Processor) duplicate(ctx context.Context, ev Event) Outcome {
+	if ev.cleared {
+		p.failed.remove(ev.ID) // deleted with its batch's commit
+	}
 	if p.mayHaveAttempts(ev) {
 		bctx, cancel := bookkeeping(ctx)
 		_, err := p.stmts.Exec(bctx, p.q.deleteAttempt, p.cfg.Group, ev.ID)

@@ -20,7 +20,24 @@ import (
 // methods.
 type bed struct{ *testbed.Bed }
 
-func newBed(t *testing.T, name string) *bed { return &bed{suite.NewBed(t, name)} }
+// eachDB runs body once per database server as parallel subtests named
+// after the server ("mysql", "postgres"), each with a bed of its own, so
+// every cluster scenario proves the invariants on both and the summary
+// shows each. r is shared by the two subtests: a broker kill runs once
+// (r.Step) and hits both beds.
+func eachDB(t *testing.T, name string, body func(t *testing.T, b *bed, r *testbed.Rendezvous)) {
+	t.Helper()
+	suite.EachDB(t, name, func(t *testing.T, b *testbed.Bed, r *testbed.Rendezvous) { body(t, &bed{b}, r) })
+}
+
+// shared runs step once for the beds of every database (r.Step), failing
+// t when it failed in the other database's subtest.
+func shared(t *testing.T, r *testbed.Rendezvous, what string, step func()) {
+	t.Helper()
+	if !r.Step(step) {
+		t.Fatalf("the shared step %q failed in the other database's subtest", what)
+	}
+}
 
 // brokerName names the broker at addr as services.sh does.
 func brokerName(addr string) string { return suite.BrokerName(addr) }

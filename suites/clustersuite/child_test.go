@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/inspect"
@@ -48,8 +47,7 @@ func TestHelperProcess(t *testing.T) {
 		return
 	}
 	s := testenv.Load()
-	db, err := sqlx.Open("mysql", s.DSN(os.Getenv(envDB)))
-	require.NoError(t, err)
+	db := testenv.OpenDBRefEnv(t, envDB) // "mysql/<name>" or "postgres/<name>"
 	topic, want := os.Getenv(envTopic), os.Getenv(envWant)
 	look := inspect.RemotingLookup{Brokers: []string{os.Getenv("RMQTX_BROKER"), os.Getenv("RMQTX_BROKER_B")}, Timeout: 2 * time.Second}
 	var mu sync.Mutex
@@ -97,7 +95,7 @@ func TestHelperProcess(t *testing.T) {
 // the child and returns the id of the half it left.
 func (b *bed) crashOnBroker(fp, want string) (string, error) {
 	out, err := testenv.Child{Test: "TestHelperProcess", Failpoint: fp, Timeout: childWatchdog + 30*time.Second, Env: []string{
-		envDB + "=" + b.DBName, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envWant + "=" + want,
+		envDB + "=" + b.DBRef, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envWant + "=" + want,
 	}}.Crash(context.Background())
 	if err != nil {
 		return "", fmt.Errorf("child on %s: %w", want, err)

@@ -5,7 +5,7 @@
 // It has no API: everything is in its tests, built with the failpoints tag
 // (the project's `go test -race -tags failpoints ./...` runs them), on the
 // test bed it shares with the fault suite (internal/testbed). TestMain
-// starts a PRIVATE MariaDB, name server and two master brokers, broker-a and
+// starts a PRIVATE MariaDB, PostgreSQL, name server and two master brokers, broker-a and
 // broker-b, through scripts/services.sh with RMQTX_BROKERS=2 (its own run
 // folder and ports 23307, 29876, 30911 and 31011, and 25433 for the
 // PostgreSQL the script starts too, overridable with
@@ -39,6 +39,15 @@
 //   - TestWarmupOnEveryBroker and TestInspectEveryBroker: warm-up registers a
 //     producer with every broker of its topics, and `rmqtx inspect` finds an
 //     event's half, discard and message on whichever broker holds them.
+//
+// Every scenario runs on MariaDB and on PostgreSQL (parallel subtests
+// "mysql" and "postgres", each with its own bed; TestWarmupOnEveryBroker
+// through testenv.EachDB). The two broker kills are one fault for both
+// databases: both beds run their loads at once, and one kill and one
+// restart of broker-b hit both (testbed.Rendezvous). TestBrokerKillStoredCopies
+// has a batch-mode consumer (consumer.Config.BatchTransaction) in its group,
+// started alone on a backlog so that it commits batches of several events
+// before the kill.
 //
 // Producer instances that must die with a half on a given broker are child
 // processes (this test binary re-executed) killed by a failpoint

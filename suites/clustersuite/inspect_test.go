@@ -11,6 +11,7 @@ import (
 
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 )
 
 // TestInspectEveryBroker: `rmqtx inspect` (package inspect, RemotingLookup
@@ -20,7 +21,10 @@ import (
 // other broker.
 func TestInspectEveryBroker(t *testing.T) {
 	t.Parallel()
-	b := newBed(t, "inspect")
+	eachDB(t, "inspect", func(t *testing.T, b *bed, _ *testbed.Rendezvous) { inspectEveryBroker(t, b) })
+}
+
+func inspectEveryBroker(t *testing.T, b *bed) {
 	p := b.StartProducer(t, "p1", nil)
 	b.StartConsumer(t, "c1")
 	ctx := context.Background()

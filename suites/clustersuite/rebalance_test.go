@@ -28,7 +28,10 @@ import (
 // the dedup log: double effects 0.
 func TestConsumersAcrossBrokers(t *testing.T) {
 	t.Parallel()
-	b := newBed(t, "consumers-rebalance")
+	eachDB(t, "consumers-rebalance", func(t *testing.T, b *bed, _ *testbed.Rendezvous) { consumersAcrossBrokers(t, b) })
+}
+
+func consumersAcrossBrokers(t *testing.T, b *bed) {
 	p := b.StartProducer(t, "p1", nil)
 	d := b.StartDispatcher(t, outbox.Config{Name: "obx-rebalance", PollInterval: 100 * time.Millisecond, LeaseDuration: 5 * time.Second})
 	c1 := b.StartConsumer(t, "c1")
@@ -96,7 +99,7 @@ func TestConsumersAcrossBrokers(t *testing.T) {
 // to tell where the message was stored.
 func (b *bed) appliedFrom(consumer string, afterID int64) map[string]int {
 	var ids []string
-	if err := b.DB.Select(&ids, "SELECT event_id FROM effects WHERE consumer = ? AND id > ? ORDER BY id", consumer, afterID); err != nil {
+	if err := b.DB.Select(&ids, b.DB.Rebind("SELECT event_id FROM effects WHERE consumer = ? AND id > ? ORDER BY id"), consumer, afterID); err != nil {
 		return nil
 	}
 	out := map[string]int{}

@@ -14,6 +14,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -31,7 +32,10 @@ import (
 // subscribed.
 func TestRecoveryOnEitherBroker(t *testing.T) {
 	t.Parallel()
-	b := newBed(t, "recovery")
+	eachDB(t, "recovery", func(t *testing.T, b *bed, _ *testbed.Rendezvous) { recoveryOnEitherBroker(t, b) })
+}
+
+func recoveryOnEitherBroker(t *testing.T, b *bed) {
 	b.StartConsumer(t, "c1")
 	ctx := context.Background()
 

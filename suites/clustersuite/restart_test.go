@@ -12,6 +12,7 @@ import (
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 	"github.com/rmqtx/rmqtx/txlog"
 )
 
@@ -24,7 +25,10 @@ import (
 // each before the broker gives the half up. Lost 0, ghosts 0.
 func TestChecksAfterProducerRestart(t *testing.T) {
 	t.Parallel()
-	b := newBed(t, "restart-checks")
+	eachDB(t, "restart-checks", func(t *testing.T, b *bed, _ *testbed.Rendezvous) { checksAfterProducerRestart(t, b) })
+}
+
+func checksAfterProducerRestart(t *testing.T, b *bed) {
 	b.StartConsumer(t, "c1")
 
 	jobs := []crashJob{

@@ -5,7 +5,6 @@ package faultsuite
 import (
 	"testing"
 
-	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 )
 
@@ -17,18 +16,17 @@ type bed struct{ *testbed.Bed }
 // (testenv.DBMySQL, testenv.DBPostgres).
 func newBedOn(t *testing.T, name, kind string) *bed { return &bed{suite.NewBedOn(t, name, kind)} }
 
-// databases are the servers eachDB runs a scenario on, in order.
-var databases = []string{testenv.DBMySQL, testenv.DBPostgres}
-
 // eachDB runs body once per database server as parallel subtests named
 // after the server ("mysql", "postgres"), each with a bed of its own, so one
 // test body proves the invariants on both and the summary shows each.
 func eachDB(t *testing.T, name string, body func(t *testing.T, b *bed)) {
 	t.Helper()
-	for _, kind := range databases {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			body(t, newBedOn(t, name, kind))
-		})
-	}
+	suite.EachDB(t, name, func(t *testing.T, b *testbed.Bed, _ *testbed.Rendezvous) { body(t, &bed{b}) })
+}
+
+// eachDBShared is eachDB for a scenario whose fault exists once (a broker
+// restart): the subtests share r, so the fault hits both beds at once.
+func eachDBShared(t *testing.T, name string, body func(t *testing.T, b *bed, r *testbed.Rendezvous)) {
+	t.Helper()
+	suite.EachDB(t, name, func(t *testing.T, b *testbed.Bed, r *testbed.Rendezvous) { body(t, &bed{b}, r) })
 }

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 
@@ -38,8 +40,106 @@ const (
 	roleProducer = "producer"
 	roleOutbox   = "outbox"
 	roleConsumer = "consumer"
+	roleBatch    = "consumer-batch" // a batch-mode consumer of the batch group
 	childLease   = 3 * time.Second
 )
+
+// Batch mode (consumer.Config.BatchTransaction) in the crash matrix: the
+// windows of a batch transaction, each a child of the batch group killed
+// there. The first two are not library failpoints: the child's handler
+// sends itself SIGKILL (the Failpoint field of the child names the window;
+// no library site matches it). The third is the library's own.
+const (
+	// batchMidTx: the second event of a batch transaction starts, the
+	// first one's effect written, nothing committed.
+	batchMidTx = "suite.batch-mid-tx"
+	// batchBeforeCommit: the last handler of a full batch wrote its
+	// effect; the COMMIT is not sent. The child's BatchSize is
+	// beforeCommitBatch, so any batch of two new events is full (a batch
+	// that mixes new events with ones an earlier child committed runs its
+	// new ones alone).
+	batchBeforeCommit = "suite.batch-before-commit"
+	// batchAfterCommit: a batch of several events committed, its offset
+	// not yet at the broker. The library's failpoint.AfterConsumeCommit
+	// fires at the first commit, which may hold one event; here a watcher
+	// in the child polls (every 5 ms) until the first transaction that held
+	// two events is visible as committed, and kills the child then, long
+	// before the client's next offset persist (every 5 s): the batch comes
+	// back to the group.
+	batchAfterCommit = "suite.batch-after-commit"
+
+	batchSize         = 8               // the batch group's consumer.Config.BatchSize
+	beforeCommitBatch = 2               // the BatchSize of the children killed before their COMMIT
+	batchTable        = "batch_effects" // the batch group's effects (testbed.Bed.CreateEffects)
+	batchBacklog      = 48              // committed events the batch group owes before its first child starts
+)
+
+// batchHandler writes the batch group's effect of ev; kill, when set, is
+// called with the number of events the transaction held so far, before
+// (mid) or after (before commit) the effect is written.
+func batchHandler(name, mode string, pair chan<- [2]string) consumer.Handler {
+	var mu sync.Mutex
+	seen := map[*sqlx.Tx]int{}
+	first := map[*sqlx.Tx]string{}
+	return func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+		mu.Lock()
+		seen[tx]++
+		n := seen[tx]
+		if n == 1 {
+			first[tx] = ev.ID
+		}
+		if n == 2 && pair != nil {
+			select {
+			case pair <- [2]string{first[tx], ev.ID}: // the first transaction of two events
+			default:
+			}
+		}
+		mu.Unlock()
+		if mode == batchMidTx && n == 2 {
+			die()
+		}
+		if _, err := tx.ExecContext(ctx, tx.Rebind("INSERT INTO "+batchTable+" (event_id, consumer) VALUES (?, ?)"), ev.ID, name); err != nil {
+			return err
+		}
+		if mode == batchBeforeCommit && n == beforeCommitBatch {
+			die()
+		}
+		return nil
+	}
+}
+
+// die kills the process the way a failpoint does.
+func die() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // never returns: the signal is on its way
+}
+
+// killAfterCommit is batchAfterCommit's watcher: once the handler hands
+// over the first two events that shared a transaction, it polls until both
+// effects are visible (committed), then kills the process.
+func killAfterCommit(db *sqlx.DB, name string, pair <-chan [2]string) {
+	ids := <-pair
+	q := db.Rebind("SELECT COUNT(*) FROM " + batchTable + " WHERE consumer = ? AND event_id IN (?, ?)")
+	for {
+		var n int
+		if db.Get(&n, q, name, ids[0], ids[1]) == nil && n == 2 {
+			die()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// batchConfig is the config of an instance of the batch group; pair, when
+// set, receives the first two events that shared a transaction.
+func batchConfig(db *sqlx.DB, nameServer, topic, group, name, mode string, pair chan<- [2]string) consumer.Config {
+	c := testbed.ConsumerConfig(db, nameServer, topic, group, name)
+	c.Routes = map[string]consumer.Route{testbed.EventType: {Handler: batchHandler(name, mode, pair)}}
+	c.BatchTransaction, c.BatchSize = true, batchSize
+	if mode == batchBeforeCommit {
+		c.BatchSize = beforeCommitBatch
+	}
+	return c
+}
 
 // TestHelperProcess is not a test: the crash matrix re-executes the test
 // binary to run it as a producer, dispatcher or consumer of the scenario's
@@ -76,6 +176,16 @@ func TestHelperProcess(t *testing.T) {
 		c, err := consumer.New(testbed.ConsumerConfig(db, s.NameServer, topic, os.Getenv(envCGroup), name))
 		require.NoError(t, err)
 		require.NoError(t, c.Start(ctx))
+	case roleBatch:
+		mode := os.Getenv(failpoint.EnvVar)
+		var pair chan [2]string
+		if mode == batchAfterCommit {
+			pair = make(chan [2]string, 1)
+			go killAfterCommit(db, name, pair)
+		}
+		c, err := consumer.New(batchConfig(db, s.NameServer, topic, os.Getenv(envCGroup), name, mode, pair))
+		require.NoError(t, err)
+		require.NoError(t, c.Start(ctx))
 	default:
 		t.Fatalf("unknown role %q", role)
 	}
@@ -86,8 +196,12 @@ func TestHelperProcess(t *testing.T) {
 // crashChild runs one subprocess and reports an error unless it died by the
 // failpoint's SIGKILL.
 func (b *bed) crashChild(role, fp, name, eventID string) error {
+	group := b.CGroup
+	if role == roleBatch {
+		group = b.batchGroup()
+	}
 	_, err := testenv.Child{Test: "TestHelperProcess", Failpoint: fp, Timeout: childWatchdog + 30*time.Second, Env: []string{
-		envRole + "=" + role, envDB + "=" + b.DBRef, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envCGroup + "=" + b.CGroup,
+		envRole + "=" + role, envDB + "=" + b.DBRef, envTopic + "=" + b.Topic, envPGroup + "=" + b.PGroup, envCGroup + "=" + group,
 		envEventID + "=" + eventID, envName + "=" + name,
 	}}.Crash(context.Background())
 	if err != nil {
@@ -99,6 +213,11 @@ func (b *bed) crashChild(role, fp, name, eventID string) error {
 type crashJob struct {
 	role, fp, name, id string
 }
+
+// batchGroup is the consumer group of the batch-mode children: a group of
+// its own, so that it starts with a backlog (a new group reads from the
+// first offset) and its batches hold several events.
+func (b *bed) batchGroup() string { return b.CGroup + "_batch" }
 
 // TestCrashMatrix kills subprocesses with SIGKILL at every failpoint window,
 // cfg.crashes times each, while a second instance of the same group lives in
@@ -130,6 +249,7 @@ func TestCrashMatrix(t *testing.T) {
 var childSlots = make(chan struct{}, 3)
 
 func crashMatrix(t *testing.T, b *bed) {
+	b.CreateEffects(t, batchTable)
 	p := b.StartProducer(t, "parent", nil)
 	b.StartConsumer(t, "parent")
 	// The parent's dispatcher polls slowly and is never notified, so the
@@ -162,14 +282,59 @@ func crashMatrix(t *testing.T, b *bed) {
 		)
 	}
 
+	// The batch group's children, one window after the other, once the
+	// group owes a backlog (a new group reads from the first offset), so
+	// that every delivered batch holds several events.
+	// After-commit first: its first commit is then a batch of events new
+	// to the group (a later child's first commit may be a batch of events
+	// an earlier child committed without an ACK, all dedup hits).
+	batchWindows := []string{batchAfterCommit, batchMidTx, batchBeforeCommit}
+	batchCrashes := 1 // CI: one per window (each waits for a backlog, one at a time)
+	if *soakFlag {
+		batchCrashes = cfg.crashes
+	}
+	var batchJobs []crashJob
+	for i := 0; i < batchCrashes; i++ {
+		for _, fp := range batchWindows {
+			batchJobs = append(batchJobs, crashJob{roleBatch, fp, fmt.Sprintf("bc-%d-%s", i, fp[strings.LastIndex(fp, ".")+1:]), ""})
+		}
+	}
+
 	// Run the subprocesses, three at a time (over both databases).
 	var (
-		mu       sync.Mutex
-		failures []string
-		held     = map[string]int{} // outbox failpoint -> SENDING rows left by the killed dispatchers (none with held claims)
-		wg       sync.WaitGroup
+		mu             sync.Mutex
+		failures       []string
+		held           = map[string]int{}   // outbox failpoint -> SENDING rows left by the killed dispatchers (none with held claims)
+		batchCommitted = map[string][]int{} // batch window -> events each child killed there had committed
+		wg             sync.WaitGroup
 	)
 	start := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if !testenv.Await(3*time.Minute, func() bool { return l.OK.Load() >= batchBacklog }) {
+			mu.Lock()
+			failures = append(failures, fmt.Sprintf("batch group: the load did not commit %d events within 3 minutes", batchBacklog))
+			mu.Unlock()
+			return
+		}
+		for _, j := range batchJobs {
+			childSlots <- struct{}{}
+			err := b.crashChild(j.role, j.fp, j.name, j.id)
+			<-childSlots
+			var n int
+			if err == nil {
+				err = b.DB.Get(&n, b.DB.Rebind("SELECT COUNT(*) FROM "+batchTable+" WHERE consumer = ?"), j.name)
+			}
+			mu.Lock()
+			if err != nil {
+				failures = append(failures, err.Error())
+			} else {
+				batchCommitted[j.fp] = append(batchCommitted[j.fp], n)
+			}
+			mu.Unlock()
+		}
+	}()
 	for _, j := range jobs {
 		wg.Add(1)
 		childSlots <- struct{}{}
@@ -196,6 +361,23 @@ func crashMatrix(t *testing.T, b *bed) {
 	crashesDone.Store(true)
 	lim.SetLimit(rate.Inf)
 	require.Empty(t, failures, "every subprocess dies by SIGKILL at its failpoint")
+	for _, n := range batchCommitted[batchAfterCommit] {
+		require.GreaterOrEqual(t, n, 2, "a batch child killed after its commit had committed a batch of several events")
+	}
+	// The batch group's survivor, started once its children are dead,
+	// drains the group: what the killed batches left uncommitted is
+	// applied once, what one committed comes back as dedup hits.
+	var survivorTxs testbed.BatchTxs
+	scfg := batchConfig(b.DB, b.S.NameServer, b.Topic, b.batchGroup(), "batch-survivor", "", nil)
+	scfg.Routes[testbed.EventType] = consumer.Route{Handler: survivorTxs.Wrap(scfg.Routes[testbed.EventType].Handler)}
+	survivor, err := consumer.New(scfg)
+	require.NoError(t, err)
+	require.NoError(t, survivor.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = survivor.Shutdown(ctx)
+	})
 
 	// Producer windows: each crashed transaction ends decided as expected.
 	outcome := map[string][2]int{} // failpoint -> [committed, rolled back]
@@ -235,7 +417,11 @@ func crashMatrix(t *testing.T, b *bed) {
 	b.Sc.Note("%s x%d (left %d SENDING rows), %s x%d (left %d), %s x%d",
 		failpoint.AfterClaim, cfg.crashes, held[failpoint.AfterClaim], failpoint.AfterSend, cfg.crashes, held[failpoint.AfterSend],
 		failpoint.AfterConsumeCommit, cfg.crashes)
+	b.Sc.Note("batch group (BatchTransaction, BatchSize %d), children killed: %s x%d (committed before the kill: %v), %s x%d (%v), %s x%d (%v)",
+		batchSize, batchMidTx, batchCrashes, batchCommitted[batchMidTx], batchBeforeCommit, batchCrashes, batchCommitted[batchBeforeCommit],
+		batchAfterCommit, batchCrashes, batchCommitted[batchAfterCommit])
 	b.Verify(t, 4*time.Minute)
+	b.verifyBatchGroup(t, survivor, &survivorTxs)
 
 	// A dispatcher killed after its send (a SIGKILL there is the proof the
 	// window was reached) left the row unmarked, whether it claimed it
@@ -250,4 +436,73 @@ func crashMatrix(t *testing.T, b *bed) {
 	}
 	require.Positive(t, resent, "an outbox event sent by a dispatcher killed after its send is sent again")
 	b.Sc.Note("outbox events sent again after a dispatcher died after its send: %d", resent)
+}
+
+// verifyBatchGroup counts the batch group once the bed is verified (every
+// committed event delivered, markers included): every committed event has
+// exactly one effect in batchTable (so the batch a child committed without
+// its ACK was absorbed when it came back, to the survivor or to a later
+// child), and none without a commit has one. The figures join the
+// scenario's.
+func (b *bed) verifyBatchGroup(t *testing.T, survivor *consumer.Consumer, txs *testbed.BatchTxs) {
+	t.Helper()
+	ctx := context.Background()
+	var committed map[string]bool
+	var effects map[string]int
+	read := func() error {
+		committed, effects = map[string]bool{}, map[string]int{}
+		var ids []string
+		if err := b.DB.SelectContext(ctx, &ids, b.DB.Rebind("SELECT event_id FROM "+b.Store.Table()+" WHERE state = ?"), string(txlog.StateCommitted)); err != nil {
+			return err
+		}
+		var sent []string
+		if err := b.DB.SelectContext(ctx, &sent, b.DB.Rebind("SELECT event_id FROM "+b.Obx.Name()+" WHERE status = ?"), string(outbox.StatusSent)); err != nil {
+			return err
+		}
+		for _, id := range append(ids, sent...) {
+			committed[id] = true
+		}
+		var rows []struct {
+			K string `db:"k"`
+			N int    `db:"n"`
+		}
+		if err := b.DB.SelectContext(ctx, &rows, "SELECT event_id AS k, COUNT(*) AS n FROM "+batchTable+" GROUP BY event_id"); err != nil {
+			return err
+		}
+		for _, r := range rows {
+			effects[r.K] = r.N
+		}
+		return nil
+	}
+	lost := func() int {
+		n := 0
+		for id := range committed {
+			if effects[id] == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if !testenv.Await(2*time.Minute, func() bool { return read() == nil && lost() == 0 }) {
+		require.NoError(t, read())
+	}
+	var ghosts, doubles int
+	for id, n := range effects {
+		if !committed[id] {
+			ghosts++
+		}
+		if n > 1 {
+			doubles++
+		}
+	}
+	b.Sc.Lost += lost()
+	b.Sc.Ghosts += ghosts
+	b.Sc.Double += doubles
+	multi, most := txs.Multi()
+	st := survivor.Processor().Stats()
+	b.Sc.Note("batch group: %d committed events, lost %d, ghosts %d, double effects %d; the survivor applied %d (in %d transactions of several events, up to %d), dedup hits %d",
+		len(committed), lost(), ghosts, doubles, st.Applied, multi, most, st.Duplicates)
+	require.Zero(t, lost(), "batch group: every committed event applied")
+	require.Zero(t, ghosts, "batch group: nothing applied without a commit")
+	require.Zero(t, doubles, "batch group: no double effect")
 }

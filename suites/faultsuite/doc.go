@@ -32,13 +32,24 @@
 //     after the local commit, after END_TRANSACTION; outbox: after a claim,
 //     after a send; consumer: after its commit, before its ACK), a number of
 //     times each, while a second instance of the same group runs here.
+//     Batch mode too (consumer.Config.BatchTransaction): children of a
+//     consumer group of its own, which starts with a backlog so that every
+//     delivered batch holds several events, are killed in the middle of a
+//     batch transaction, after the last handler of a full batch (two
+//     events) before its COMMIT, and once a batch of several events
+//     committed, before its offset reached the broker; a batch-mode
+//     survivor then drains the group, and its own count (every committed
+//     event applied once, nothing uncommitted applied) joins the scenario's.
 //   - TestDuplicateStorm: every event is published several times to several
 //     consumer instances, and processors race on the same message.
 //
-// TestCrashMatrix and TestDuplicateStorm run their body on MariaDB and on
-// PostgreSQL (parallel subtests "mysql" and "postgres", each with its own
-// bed; a crash child opens its subtest's database); the restarts of the
-// broker and MariaDB run on MariaDB, TestRestartPostgreSQL on PostgreSQL.
+// TestCrashMatrix, TestDuplicateStorm and TestRestartBroker run their body
+// on MariaDB and on PostgreSQL (parallel subtests "mysql" and "postgres",
+// each with its own bed; a crash child opens its subtest's database). The
+// broker restart is one fault for both: the two beds run their loads at
+// once and one kill and one restart hit both (testbed.Rendezvous).
+// TestRestartMariaDB and TestRestartPostgreSQL are each about one database
+// server's restart and run on that one.
 //
 // Each scenario ends by waiting until nothing is owed, then sending a marker
 // through its own topic and groups into every queue and waiting for each,

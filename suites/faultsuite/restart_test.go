@@ -18,22 +18,35 @@ import (
 // would break any other scenario running at the same time. Go runs every
 // non-parallel top-level test before the parallel ones.
 
-// TestRestartBroker SIGKILLs the private broker while two producer instances,
-// an outbox dispatcher and two consumer instances run a load, then starts it
-// again. Sends during the outage fail with txproducer.ErrSend; afterwards
-// they succeed again; nothing committed is lost, nothing rolled back is
-// delivered, nothing is applied twice.
+// TestRestartBroker SIGKILLs the private broker while two producer
+// instances, an outbox dispatcher and two consumer instances run a load,
+// then starts it again. Sends during the outage fail with
+// txproducer.ErrSend; afterwards they succeed again; nothing committed is
+// lost, nothing rolled back is delivered, nothing is applied twice.
+//
+// It runs on MariaDB and on PostgreSQL at once (subtests "mysql" and
+// "postgres", each with its own bed and load): one kill and one restart of
+// the broker hit both beds (testbed.Rendezvous).
 func TestRestartBroker(t *testing.T) {
-	restartUnderLoad(t, "broker-restart", "broker", testenv.DBMySQL,
-		func() { suite.MustService(t, "kill9", "broker") },
-		func() { suite.MustComeBack(t, "broker") })
+	testenv.Integration(t) // skips under -short
+	// Whatever happens, leave the broker running for the next tests.
+	suite.KeepUp(t, "broker")
+	eachDBShared(t, "broker-restart", func(t *testing.T, b *bed, r *testbed.Rendezvous) {
+		restartUnderLoad(t, b, "broker", r,
+			func() { suite.MustService(t, "kill9", "broker") },
+			func() { suite.MustComeBack(t, "broker") })
+	})
 }
 
 // TestRestartMariaDB stops and restarts the private MariaDB while the load
 // runs. Sends fail with txproducer.ErrDatabase (or ErrCommitUnknown, or
 // ErrSend when a check-back could not answer); the txlog decides each one.
+// MariaDB only: the fault is the MariaDB server's restart
+// (TestRestartPostgreSQL is the same on PostgreSQL).
 func TestRestartMariaDB(t *testing.T) {
-	restartUnderLoad(t, "mariadb-restart", "mariadb", testenv.DBMySQL,
+	testenv.Integration(t)
+	suite.KeepUp(t, "mariadb")
+	restartUnderLoad(t, newBedOn(t, "mariadb-restart", testenv.DBMySQL), "mariadb", nil,
 		func() { suite.MustService(t, "down", "mariadb") },
 		func() { suite.MustComeBack(t, "mariadb") })
 }
@@ -42,9 +55,12 @@ func TestRestartMariaDB(t *testing.T) {
 // harsher stop PostgreSQL offers cheaply: immediate (SIGQUIT to the
 // postmaster, as `pg_ctl stop -m immediate`), which ends every session
 // without a checkpoint, so the restart replays the WAL as after a crash.
+// PostgreSQL only: the fault is the PostgreSQL server's crash restart.
 func TestRestartPostgreSQL(t *testing.T) {
+	testenv.Integration(t)
+	suite.KeepUp(t, "postgres")
 	var logAt int64
-	restartUnderLoad(t, "postgres-restart", "postgres", testenv.DBPostgres,
+	restartUnderLoad(t, newBedOn(t, "postgres-restart", testenv.DBPostgres), "postgres", nil,
 		func() { logAt = suite.StopPostgresImmediate(t) },
 		func() {
 			suite.MustComeBack(t, "postgres")
@@ -53,13 +69,20 @@ func TestRestartPostgreSQL(t *testing.T) {
 		})
 }
 
-// restartUnderLoad runs a load on a bed on the database server kind, stops
-// service with fault, and starts it again with recover.
-func restartUnderLoad(t *testing.T, name, service, kind string, fault, recover func()) {
-	testenv.Integration(t) // skips under -short
-	b := newBedOn(t, name, kind)
-	// Whatever happens, leave the service running for the next tests.
-	suite.KeepUp(t, service)
+// restartUnderLoad runs a load on b, stops service with fault, and starts
+// it again with recover. With r (a fault shared by the beds of every
+// database), fault and recover run once, in the last bed to arrive, while
+// every bed's load runs.
+func restartUnderLoad(t *testing.T, b *bed, service string, r *testbed.Rendezvous, fault, recover func()) {
+	step := func(what string, f func()) {
+		if r == nil {
+			f()
+			return
+		}
+		if !r.Step(f) {
+			t.Fatalf("the shared %s of the %s failed in the other database's subtest", what, service)
+		}
+	}
 	p1, p2 := b.StartProducer(t, "p1", nil), b.StartProducer(t, "p2", nil)
 	b.StartConsumer(t, "c1")
 	b.StartConsumer(t, "c2")
@@ -84,14 +107,14 @@ func restartUnderLoad(t *testing.T, name, service, kind string, fault, recover f
 	t.Cleanup(l.StopAndWait)
 
 	testenv.Eventually(t, 3*time.Minute, "a third of the load before the fault", func() bool { return l.N.Load() >= target/3 && l.OK.Load() > 0 })
-	errsAtFault, nAtFault := l.Errs.Load(), l.N.Load()
-	faultAt := time.Now()
-	fault()
+	step("stop", fault)
+	// The stop is done (in every bed at once when shared): count from here.
+	faultAt, errsAtFault, nAtFault := time.Now(), l.Errs.Load(), l.N.Load()
 	// The outage must be visible to the producers before the service returns.
 	testenv.Eventually(t, 60*time.Second, "errors surfaced by the producers during the outage", func() bool {
 		return l.Errs.Load() >= errsAtFault+int64(cfg.workers)
 	})
-	recover()
+	step("restart", recover)
 	outage := time.Since(faultAt)
 	errsAtRecovery, nAtRecovery := l.Errs.Load(), l.N.Load()
 	okAtRecovery = l.OK.Load()
@@ -111,7 +134,7 @@ func restartUnderLoad(t *testing.T, name, service, kind string, fault, recover f
 	case "mariadb", "postgres":
 		require.Positive(t, errs["ErrDatabase"]+errs["ErrCommitUnknown"]+errs["outbox enqueue (database)"], "a database outage surfaces as txproducer.ErrDatabase or ErrCommitUnknown: %v", errs)
 	}
-	b.Sc.Note("%s stopped, usable again (script returned) after %s: attempts before/in that window/after %d/%d/%d; %d errors during the outage; %d committed after the restart",
+	b.Sc.Note("%s stopped, usable again (script returned) %s after the stop: attempts before/in that window/after %d/%d/%d; %d errors during the outage; %d committed after the restart",
 		service, outage.Round(100*time.Millisecond), nAtFault, nAtRecovery-nAtFault, l.N.Load()-nAtRecovery, errsAtRecovery-errsAtFault, recovered)
 	b.Verify(t, 4*time.Minute)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/schema"
@@ -486,6 +487,54 @@ func (b *Bed) RecoveredIDs() int {
 
 // ---------- consumers and dispatchers ----------
 
+// CreateEffects creates table, shaped like effects (no unique key on
+// event_id, so a double effect shows), for a consumer group of its own that
+// the bed's verification does not count: the scenario counts it itself.
+func (b *Bed) CreateEffects(t *testing.T, table string) {
+	t.Helper()
+	require.NoError(t, sqlname.ValidatePrefix(table), "table name %q", table)
+	for _, q := range businessTables[b.Kind][1:] {
+		_, err := b.DB.Exec(strings.ReplaceAll(q, "effects", table))
+		require.NoError(t, err)
+	}
+}
+
+// BatchTxs counts the transactions a handler ran in and how many events
+// each held: in batch mode (consumer.Config.BatchTransaction) the events of
+// one delivered batch share one transaction, so a transaction with more
+// than one event is a batch the database committed whole.
+type BatchTxs struct {
+	mu     sync.Mutex
+	events map[*sqlx.Tx]int
+}
+
+// Wrap returns h counting its calls per transaction.
+func (c *BatchTxs) Wrap(h consumer.Handler) consumer.Handler {
+	return func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+		c.mu.Lock()
+		if c.events == nil {
+			c.events = map[*sqlx.Tx]int{}
+		}
+		c.events[tx]++
+		c.mu.Unlock()
+		return h(ctx, tx, ev)
+	}
+}
+
+// Multi returns the number of transactions that held more than one event,
+// and the most events one held.
+func (c *BatchTxs) Multi() (txs, most int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.events {
+		if n > 1 {
+			txs++
+		}
+		most = max(most, n)
+	}
+	return txs, most
+}
+
 // Handler applies the business effect: one effects row per run.
 func Handler(name string) consumer.Handler {
 	return func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
@@ -511,7 +560,18 @@ func ConsumerConfig(db *sqlx.DB, nameServer, topic, group, name string) consumer
 // down when t ends.
 func (b *Bed) StartConsumer(t *testing.T, name string) *consumer.Consumer {
 	t.Helper()
-	c, err := consumer.New(ConsumerConfig(b.DB, b.S.NameServer, b.Topic, b.CGroup, name))
+	return b.StartConsumerWith(t, name, nil)
+}
+
+// StartConsumerWith is StartConsumer with mod, when set, changing the
+// instance's config (batch mode, say); its figures count as the group's.
+func (b *Bed) StartConsumerWith(t *testing.T, name string, mod func(*consumer.Config)) *consumer.Consumer {
+	t.Helper()
+	cfg := ConsumerConfig(b.DB, b.S.NameServer, b.Topic, b.CGroup, name)
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := consumer.New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))
 	t.Cleanup(func() {

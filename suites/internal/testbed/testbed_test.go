@@ -6,9 +6,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -152,9 +156,52 @@ func TestImportGuardFindsAPlantedImport(t *testing.T) {
 		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 		require.NoError(t, os.WriteFile(p, []byte(src), 0o644))
 	}
-	write("outbox/leak.go", "package outbox\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testbed\"\n")
+	write("outbox/leak.go", "package outbox\n\nimport _ \"github.com/rmqtx/rmqtx/suites/internal/testbed\"\n")
 	write("outbox/ok_test.go", "package outbox\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
-	write("internal/testbed/bed.go", "package testbed\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
+	write("suites/internal/testbed/bed.go", "package testbed\n\nimport _ \"github.com/rmqtx/rmqtx/internal/testenv\"\n")
 	write("consumer/clean.go", "package consumer\n\nimport _ \"fmt\"\n")
 	require.Equal(t, []string{"outbox/leak.go: github.com/rmqtx/rmqtx/suites/internal/testbed"}, supportImports(t, root))
+}
+
+// A rendezvous runs each step once, in the last party to arrive, and
+// releases every party after it; a party that leaves is not waited for; a
+// step that ends its goroutine (a t.Fatal) releases the others with false.
+func TestRendezvous(t *testing.T) {
+	r := NewRendezvous(2)
+	var runs atomic.Int32
+	var wg sync.WaitGroup
+	oks := make([]bool, 4)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			oks[2*i] = r.Step(func() { runs.Add(1) })
+			oks[2*i+1] = r.Step(func() { runs.Add(1) })
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int32(2), runs.Load(), "two steps, each run once")
+	require.Equal(t, []bool{true, true, true, true}, oks)
+
+	// One party leaves before the step: the other runs it alone.
+	r = NewRendezvous(2)
+	done := make(chan bool)
+	go func() { done <- r.Step(func() { runs.Add(1) }) }()
+	r.Leave()
+	require.True(t, <-done)
+	require.Equal(t, int32(3), runs.Load())
+
+	// The step ends its goroutine: the other party is released with false.
+	r = NewRendezvous(2)
+	other := make(chan bool)
+	go func() { other <- r.Step(func() { t.Error("the party that arrived first ran the step") }) }()
+	require.Eventually(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.arrived == 1 }, 10*time.Second, time.Millisecond)
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		r.Step(runtime.Goexit) // arrives last: runs the step, which ends it
+		t.Error("Step returned after its step ended the goroutine")
+	}()
+	<-exited
+	require.False(t, <-other, "the step did not return")
 }

@@ -122,7 +122,7 @@ func TestComposeClusterProfile(t *testing.T) {
 	conf := props(read(t, "../scripts/rocketmq/broker.conf"))
 
 	for name, s := range c.Services {
-		if name != "broker-b" && name != "postgres" {
+		if name != "broker-b" && name != "postgres" && !strings.HasSuffix(name, "-ha") && !strings.HasPrefix(name, "broker-n") {
 			require.Empty(t, s.Profiles, "%s runs in the default (single-broker) profile", name)
 		}
 	}
@@ -182,4 +182,95 @@ func TestComposePostgresProfile(t *testing.T) {
 	require.Equal(t, scriptDefault(t, script, "PG_DATABASE"), pg.Environment["POSTGRES_DB"])
 	require.Contains(t, pg.Environment["POSTGRES_INITDB_ARGS"], "--locale=C")
 	require.Contains(t, script, "--locale=C", "services.sh initialises with the same locale")
+}
+
+// The "ha" profile is the HA bed of `RMQTX_BROKERS=ha scripts/services.sh
+// up`: the name server with the controller embedded, from the same
+// namesrv-ha.conf, on the script's HA ports, and two controller-mode
+// replicas of one broker name, each built from broker.conf followed by
+// broker-ha.conf as the script builds them, on the script's HA broker ports
+// (HA one above, the second replica 100 above the first), with their own
+// stores and the script's HA heap. The settings that decide what a failover
+// loses are checked here too, so that editing them fails without a broker.
+func TestComposeHAProfile(t *testing.T) {
+	var c compose
+	require.NoError(t, yaml.Unmarshal([]byte(read(t, "compose.yaml")), &c))
+	script := read(t, "../scripts/services.sh")
+	nsConf := props(read(t, "../scripts/rocketmq/namesrv-ha.conf"))
+	haConf := props(read(t, "../scripts/rocketmq/broker-ha.conf"))
+	conf := props(read(t, "../scripts/rocketmq/broker.conf"))
+
+	haDefault := func(name string) int {
+		m := regexp.MustCompile(`\[\[ -n \$\{RMQTX_` + name + `:-\} \]\] \|\| ` + name + `=(\d+)`).FindStringSubmatch(script)
+		require.NotNil(t, m, "services.sh has no HA default for %s", name)
+		var v int
+		_, err := fmt.Sscan(m[1], &v)
+		require.NoError(t, err)
+		return v
+	}
+	nsPort, n0Port := haDefault("NAMESRV_PORT"), haDefault("BROKER_PORT")
+	require.Contains(t, script, "[[ -n ${RMQTX_BROKER_B_PORT:-} ]] || BROKER_B_PORT=$((BROKER_PORT + 100))")
+	require.Contains(t, script, "CONTROLLER_PORT=${RMQTX_CONTROLLER_PORT:-$((NAMESRV_PORT + 2))}")
+	ctrl := fmt.Sprintf("127.0.0.1:%d", nsPort+2)
+	for _, p := range []int{nsPort, nsPort + 2, n0Port - 2, n0Port, n0Port + 1, n0Port + 98, n0Port + 100, n0Port + 101} {
+		require.NotContains(t, []string{"9876", conf["listenPort"], conf["haListenPort"]}, fmt.Sprint(p),
+			"the HA bed's ports stay clear of the shared bed's")
+	}
+
+	// The name server: controller embedded, DLedger, one peer on the
+	// controller port, never an unclean master.
+	require.Equal(t, fmt.Sprint(nsPort), nsConf["listenPort"])
+	require.Equal(t, "127.0.0.1", nsConf["bindAddress"])
+	require.Equal(t, "true", nsConf["enableControllerInNamesrv"])
+	require.Equal(t, "DLedger", nsConf["controllerType"])
+	require.Equal(t, "n0-"+ctrl, nsConf["controllerDLegerPeers"])
+	require.Equal(t, "n0", nsConf["controllerDLegerSelfId"])
+	require.Equal(t, "false", nsConf["enableElectUncleanMaster"])
+	require.Equal(t, "true", nsConf["notifyBrokerRoleChanged"])
+	for _, key := range []string{"listenPort", "controllerDLegerPeers", "controllerStorePath"} {
+		require.Contains(t, script, "s#^"+key+"=.*#", "services.sh rewrites %s of namesrv-ha.conf", key)
+	}
+
+	// The replicas: controller mode on that controller, every acknowledged
+	// put on every in-sync replica, loopback addresses.
+	require.Equal(t, "true", haConf["enableControllerMode"])
+	require.Equal(t, ctrl, haConf["controllerAddr"])
+	require.Equal(t, "-1", haConf["brokerId"])
+	require.Equal(t, "SLAVE", haConf["brokerRole"])
+	require.Equal(t, "true", haConf["allAckInSyncStateSet"])
+	require.Equal(t, "127.0.0.1", haConf["brokerIP2"])
+	require.Equal(t, "127.0.0.1", conf["brokerIP1"])
+	require.Contains(t, script, "s#^controllerAddr=.*#controllerAddr=127.0.0.1:$CONTROLLER_PORT#")
+
+	ns, ok := c.Services["namesrv-ha"]
+	require.True(t, ok, "service namesrv-ha missing")
+	require.Equal(t, []string{"ha"}, ns.Profiles)
+	require.Equal(t, "host", ns.NetworkMode)
+	require.Equal(t, c.Services["namesrv"].Image, ns.Image)
+	require.Contains(t, ns.Volumes, "../scripts/rocketmq/namesrv-ha.conf:/home/rocketmq/namesrv-ha.conf:ro")
+	require.Equal(t, []string{"sh", "mqnamesrv", "-c", "/home/rocketmq/namesrv-ha.conf"}, ns.Command)
+
+	heap := regexp.MustCompile(`\[\[ \$BROKERS == ha && -z \$\{RMQTX_BROKER_HEAP:-\} \]\]; then BROKER_HEAP=(\d+[mg])`).FindStringSubmatch(script)
+	require.NotNil(t, heap, "services.sh sets an HA heap")
+	for i, name := range []string{"broker-n0", "broker-n1"} {
+		b, ok := c.Services[name]
+		require.True(t, ok, "service %s missing", name)
+		require.Equal(t, []string{"ha"}, b.Profiles)
+		require.Equal(t, "host", b.NetworkMode)
+		require.Equal(t, c.Services["broker"].Image, b.Image)
+		require.Contains(t, b.Volumes, "../scripts/rocketmq/broker.conf:/home/rocketmq/broker.conf:ro")
+		require.Contains(t, b.Volumes, "../scripts/rocketmq/broker-ha.conf:/home/rocketmq/broker-ha.conf:ro")
+		require.Len(t, b.Command, 3)
+		cmd := b.Command[2]
+		port := n0Port + 100*i
+		node := fmt.Sprintf("n%d", i)
+		require.Contains(t, cmd, "cat /home/rocketmq/broker.conf /home/rocketmq/broker-ha.conf |", "broker-ha.conf after broker.conf, as services.sh appends it")
+		require.Contains(t, cmd, fmt.Sprintf("s/^listenPort=.*/listenPort=%d/", port))
+		require.Contains(t, cmd, fmt.Sprintf("s/^haListenPort=.*/haListenPort=%d/", port+1))
+		require.Contains(t, cmd, fmt.Sprintf("s/^namesrvAddr=.*/namesrvAddr=127.0.0.1:%d/", nsPort))
+		require.Contains(t, cmd, "storePathRootDir=/home/rocketmq/store-"+node)
+		require.Contains(t, cmd, "exec sh mqbroker -c /tmp/"+node+".conf")
+		require.NotContains(t, cmd, "brokerName=", "both replicas keep broker.conf's brokerName")
+		require.Contains(t, b.Environment["JAVA_OPT_EXT"], "-Xms"+heap[1]+" -Xmx"+heap[1])
+	}
 }

@@ -6,6 +6,7 @@
 #   scripts/services.sh up [SERVICE...]               install if missing, start, wait until usable (default: all)
 #   scripts/services.sh down [SERVICE...]             stop what this script started (recorded PIDs)
 #   scripts/services.sh kill9 broker|broker-b|namesrv|mariadb|postgres  SIGKILL one service (fault tests)
+#   RMQTX_BROKERS=ha scripts/services.sh kill9 master|slave|n0|n1         (HA bed) SIGKILL a replica
 #   scripts/services.sh status                        what runs, on which port
 #   scripts/services.sh logs [SERVICE...]             tail the logs
 #   scripts/services.sh admin <mqadmin args>          RocketMQ admin tool, name server preset
@@ -16,6 +17,17 @@
 # RMQTX_BROKERS=2 starts a two-master cluster: broker-a ("broker", on
 # RMQTX_BROKER_PORT) and broker-b (on RMQTX_BROKER_B_PORT), each with its own
 # ports and store, registered with the one name server (cluster tests).
+# RMQTX_BROKERS=ha starts the HA bed instead: a name server with RocketMQ's
+# controller embedded (scripts/rocketmq/namesrv-ha.conf) and one master-slave
+# pair in controller mode, n0 and n1, both named broker-a
+# (scripts/rocketmq/broker-ha.conf: synchronous replication,
+# allAckInSyncStateSet=true). The controller elects the master; `up` waits
+# until its sync state set holds both nodes, `status` shows who is master,
+# `kill9 master` / `kill9 slave` kill whichever node has that role now, and
+# `up` restarts a killed node, which rejoins as slave. Its own ports
+# (namesrv 9976, controller namesrv+2, n0 10951, n1 n0+100), store folder
+# (rocketmq-ha) and pid files, so it runs beside the single-broker bed and
+# shares its databases; `down` without names leaves the databases running.
 # RMQTX_AUTO_CREATE_TOPIC=false starts brokers that refuse sends to a topic
 # nobody created (autoCreateTopicEnable=false), as most production clusters
 # do; the default, true, creates a topic on its first send.
@@ -39,11 +51,22 @@ NAMESRV_PORT=${RMQTX_NAMESRV_PORT:-9876}
 BROKER_PORT=${RMQTX_BROKER_PORT:-10911}
 BROKERS=${RMQTX_BROKERS:-1}
 BROKER_B_PORT=${RMQTX_BROKER_B_PORT:-$((BROKER_PORT + 100))}
-[[ $BROKERS == 1 || $BROKERS == 2 ]] || { echo "[services] ERROR: RMQTX_BROKERS must be 1 or 2" >&2; exit 1; }
+[[ $BROKERS == 1 || $BROKERS == 2 || $BROKERS == ha ]] || { echo "[services] ERROR: RMQTX_BROKERS must be 1, 2 or ha" >&2; exit 1; }
+# The HA bed's own defaults (see above): other ports than the shared bed's.
+if [[ $BROKERS == ha ]]; then
+  [[ -n ${RMQTX_NAMESRV_PORT:-} ]] || NAMESRV_PORT=9976
+  [[ -n ${RMQTX_BROKER_PORT:-} ]] || BROKER_PORT=10951
+  [[ -n ${RMQTX_BROKER_B_PORT:-} ]] || BROKER_B_PORT=$((BROKER_PORT + 100))
+fi
+# The controller's own port (HA bed only): its DLedger address, which the
+# brokers set as controllerAddr.
+CONTROLLER_PORT=${RMQTX_CONTROLLER_PORT:-$((NAMESRV_PORT + 2))}
 AUTO_CREATE_TOPIC=${RMQTX_AUTO_CREATE_TOPIC:-true}
 [[ $AUTO_CREATE_TOPIC == true || $AUTO_CREATE_TOPIC == false ]] || { echo "[services] ERROR: RMQTX_AUTO_CREATE_TOPIC must be true or false" >&2; exit 1; }
-# Heaps: one broker gets 512 MiB; each broker of the two-broker cluster 384 MiB.
+# Heaps: one broker gets 512 MiB; each broker of the two-broker cluster 384 MiB;
+# each replica of the HA bed 256 MiB.
 BROKER_HEAP=${RMQTX_BROKER_HEAP:-$([[ $BROKERS == 2 ]] && echo 384m || echo 512m)}
+if [[ $BROKERS == ha && -z ${RMQTX_BROKER_HEAP:-} ]]; then BROKER_HEAP=256m; fi
 # Short transaction-check settings for tests (the broker's defaults are 6000 / 30000 / 15).
 # broker.conf's transactionOpBatchInterval (1000) stays below TX_TIMEOUT_MS, so the
 # broker never re-checks an answered half; keep it that way (see start_broker).
@@ -64,6 +87,9 @@ WAIT_SECONDS=${RMQTX_WAIT_SECONDS:-180}
 LIB_DIR=$CACHE_DIR/rocketmq-$ROCKETMQ_VERSION/lib
 DB_DIR=$RUN_DIR/mariadb
 RMQ_DIR=$RUN_DIR/rocketmq
+# The HA bed keeps its name server, controller and replicas apart from the
+# shared bed's, in the same run folder.
+if [[ $BROKERS == ha ]]; then RMQ_DIR=$RUN_DIR/rocketmq-ha; fi
 PID_DIR=$RUN_DIR/pids
 MYSQL_SOCK=$DB_DIR/mysqld.sock
 # PostgreSQL's folder (data, socket, log): $RUN_DIR/postgres, unless the
@@ -79,8 +105,16 @@ JDK_FLAGS=(--add-opens java.base/java.nio=ALL-UNNAMED --add-exports java.base/su
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# pid_file: where a service's PID is recorded. The HA bed's RocketMQ
+# services have files of their own (ha-namesrv.pid, ha-n0.pid, ...), so that
+# they never stand for the shared bed's name server and broker.
+pid_file() {
+  if [[ $BROKERS == ha && $1 != mariadb && $1 != postgres ]]; then echo "$PID_DIR/ha-$1.pid"; else echo "$PID_DIR/$1.pid"; fi
+}
+
 pid_of() { # service -> pid if alive
-  local f=$PID_DIR/$1.pid
+  local f
+  f=$(pid_file "$1")
   [[ -f $f ]] || return 1
   local pid
   pid=$(cat "$f")
@@ -318,10 +352,19 @@ SQL
 
 write_rocketmq_conf() {
   mkdir -p "$RMQ_DIR/home" "$RMQ_DIR/store" "$RMQ_DIR/logs" "$PID_DIR"
-  cat >"$RMQ_DIR/namesrv.conf" <<EOF
+  if [[ $BROKERS == ha ]]; then
+    # The name server with the controller embedded (namesrv-ha.conf), on
+    # this run's ports and folder.
+    sed -e "s#^listenPort=.*#listenPort=$NAMESRV_PORT#" \
+        -e "s#^controllerDLegerPeers=.*#controllerDLegerPeers=n0-127.0.0.1:$CONTROLLER_PORT#" \
+        -e "s#^controllerStorePath=.*#controllerStorePath=$RMQ_DIR/controller#" \
+        "$ROOT/scripts/rocketmq/namesrv-ha.conf" >"$RMQ_DIR/namesrv.conf"
+  else
+    cat >"$RMQ_DIR/namesrv.conf" <<EOF
 listenPort=$NAMESRV_PORT
 bindAddress=127.0.0.1
 EOF
+  fi
   # Generated from scripts/rocketmq/broker.conf (the checked-in reference that
   # docker/ also uses) with this run's ports, folders and check settings.
   local svc
@@ -354,17 +397,26 @@ EOF
         -e "s#^autoCreateTopicEnable=.*#autoCreateTopicEnable=$AUTO_CREATE_TOPIC#" \
         ${SEND_QUEUE_WAIT_MS:+-e "s#^waitTimeMillsInSendQueue=.*#waitTimeMillsInSendQueue=$SEND_QUEUE_WAIT_MS#"} \
         "$ROOT/scripts/rocketmq/broker.conf" >"$RMQ_DIR/$svc.conf"
+    # The HA bed's replicas: broker-ha.conf's controller-mode settings after
+    # broker.conf's (the last value of a key wins).
+    if [[ $BROKERS == ha ]]; then
+      sed -e "s#^controllerAddr=.*#controllerAddr=127.0.0.1:$CONTROLLER_PORT#" \
+        "$ROOT/scripts/rocketmq/broker-ha.conf" >>"$RMQ_DIR/$svc.conf"
+    fi
   done
 }
 
 # The brokers this run starts: "broker" (broker-a), and "broker-b" in the
-# two-broker cluster.
-brokers() { if [[ $BROKERS == 2 ]]; then echo broker broker-b; else echo broker; fi; }
-broker_port() { if [[ $1 == broker-b ]]; then echo "$BROKER_B_PORT"; else echo "$BROKER_PORT"; fi; }
+# two-broker cluster; the HA bed's replicas n0 and n1, both broker-a.
+brokers() {
+  case $BROKERS in 2) echo broker broker-b ;; ha) echo n0 n1 ;; *) echo broker ;; esac
+}
+broker_port() { if [[ $1 == broker-b || $1 == n1 ]]; then echo "$BROKER_B_PORT"; else echo "$BROKER_PORT"; fi; }
 broker_name() { if [[ $1 == broker-b ]]; then echo broker-b; else echo broker-a; fi; }
-# broker-a keeps the single-broker layout (store, logs); broker-b has its own
-# folder, used as its user.home too, so the two never share a log file.
-broker_dir() { if [[ $1 == broker-b ]]; then echo "$RMQ_DIR/broker-b"; else echo "$RMQ_DIR"; fi; }
+# broker-a keeps the single-broker layout (store, logs); broker-b and each
+# HA replica have their own folder, used as user.home too, so that no two
+# share a log file.
+broker_dir() { if [[ $1 == broker-b || $1 == n0 || $1 == n1 ]]; then echo "$RMQ_DIR/$1"; else echo "$RMQ_DIR"; fi; }
 
 java_common() { # [user.home]
   echo -server -XX:+UseG1GC -XX:-OmitStackTraceInFastThrow \
@@ -383,7 +435,7 @@ start_namesrv() {
   ROCKETMQ_HOME="$RMQ_DIR/home" setsid java -Xms128m -Xmx256m $(java_common) -cp "$LIB_DIR/*" \
     org.apache.rocketmq.namesrv.NamesrvStartup -c "$RMQ_DIR/namesrv.conf" \
     </dev/null >>"$RMQ_DIR/logs/namesrv.out" 2>&1 &
-  echo $! >"$PID_DIR/namesrv.pid"
+  echo $! >"$(pid_file namesrv)"
 }
 
 start_broker() { # broker|broker-b
@@ -397,7 +449,10 @@ start_broker() { # broker|broker-b
   port_open "$port" && die "port $port is taken by another process; set RMQTX_BROKER_PORT / RMQTX_BROKER_B_PORT"
   local op_batch
   op_batch=$(sed -n 's/^transactionOpBatchInterval=//p' "$RMQ_DIR/$svc.conf")
-  log "starting RocketMQ $(broker_name "$svc") on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks, op batch ${op_batch:-3000}ms, auto-create topics $AUTO_CREATE_TOPIC)"
+  local label
+  label=$(broker_name "$svc")
+  if [[ $BROKERS == ha ]]; then label="$label replica $svc (controller mode)"; fi
+  log "starting RocketMQ $label on 127.0.0.1:$port (tx timeout ${TX_TIMEOUT_MS}ms, check every ${TX_CHECK_INTERVAL_MS}ms, max $TX_CHECK_MAX checks, op batch ${op_batch:-3000}ms, auto-create topics $AUTO_CREATE_TOPIC)"
   if ((TX_TIMEOUT_MS <= ${op_batch:-3000})); then
     log "note: RMQTX_TX_TIMEOUT_MS ${TX_TIMEOUT_MS} <= transactionOpBatchInterval ${op_batch:-3000}: the broker re-checks answered halves and stores committed events several times"
   fi
@@ -405,7 +460,7 @@ start_broker() { # broker|broker-b
   ROCKETMQ_HOME="$RMQ_DIR/home" setsid java -Xms$BROKER_HEAP -Xmx$BROKER_HEAP -XX:MaxDirectMemorySize=512m $(java_common "$dir") \
     -cp "$LIB_DIR/*" org.apache.rocketmq.broker.BrokerStartup -c "$RMQ_DIR/$svc.conf" \
     </dev/null >>"$dir/logs/broker.out" 2>&1 &
-  echo $! >"$PID_DIR/$svc.pid"
+  echo $! >"$(pid_file "$svc")"
 }
 
 mqadmin() {
@@ -450,6 +505,23 @@ wait_rocketmq() { # [broker services to wait for; default all]
   # by svcready first (-create-probe-topic).
   local left=$((deadline - SECONDS)) out
   ((left > 5)) || left=5
+  if [[ $BROKERS == ha ]]; then
+    # The HA bed is usable once the controller has elected a master and its
+    # sync state set holds every running replica, each running in the role
+    # the controller gave it (internal/tools/hastate); then the master must
+    # be routed and store a send, like any broker.
+    local running=0 master
+    for svc in $(brokers); do if pid_of "$svc" >/dev/null; then running=$((running + 1)); fi; done
+    if ! out=$(ha_state -wait-in-sync "$running" -timeout "${left}s" 2>&1); then
+      echo "$out" >&2
+      broker_fail "the controller reports no master with $running replica(s) in sync within ${WAIT_SECONDS}s" "$(ha_first_running)"
+    fi
+    master=$(ha_state -master-only -timeout 5s) || die "the controller names no master"
+    log "replica set broker-a: $master is master, $running replica(s) in the sync state set"
+    args=(-broker "broker-a=127.0.0.1:$(broker_port "$master")")
+    left=$((deadline - SECONDS))
+    ((left > 5)) || left=5
+  fi
   [[ $AUTO_CREATE_TOPIC == true ]] || args+=(-create-probe-topic)
   if ! out=$(svcready -namesrv "127.0.0.1:$NAMESRV_PORT" "${args[@]}" -timeout "${left}s" 2>&1); then
     echo "$out" >&2
@@ -459,11 +531,43 @@ wait_rocketmq() { # [broker services to wait for; default all]
 
 # svcready builds (once; go build is a no-op when it is up to date) and runs
 # the readiness probe.
-svcready() {
-  local bin=$RUN_DIR/bin/svcready
+svcready() { go_tool svcready "$@"; }
+
+# go_tool NAME ARGS: build internal/tools/NAME into the run folder (a no-op
+# when up to date) and run it.
+go_tool() {
+  local name=$1 bin=$RUN_DIR/bin/$1
+  shift
   mkdir -p "$RUN_DIR/bin"
-  (cd "$ROOT" && go build -o "$bin" ./internal/tools/svcready) || die "cannot build internal/tools/svcready (Go is required)"
+  (cd "$ROOT" && go build -o "$bin" "./internal/tools/$name") || die "cannot build internal/tools/$name (Go is required)"
   "$bin" "$@"
+}
+
+# ha_state ARGS: the controller's view of the HA bed's replica set
+# (internal/tools/hastate): who is master, who is in the sync state set, and
+# each replica's own role.
+ha_state() {
+  go_tool hastate -controller "127.0.0.1:$CONTROLLER_PORT" -broker-name broker-a \
+    -node "n0=127.0.0.1:$BROKER_PORT" -node "n1=127.0.0.1:$BROKER_B_PORT" "$@"
+}
+
+# ha_first_running: a replica whose logs explain a failed start.
+ha_first_running() {
+  local svc
+  for svc in $(brokers); do if pid_of "$svc" >/dev/null; then echo "$svc"; return; fi; done
+  echo n0
+}
+
+# ha_role ROLE: the replica that has ROLE (master or slave) now, by the
+# controller's word; the slave is the running replica that is not master.
+ha_role() {
+  local master svc
+  master=$(ha_state -master-only -timeout 10s) || die "the controller names no master; see 'status'"
+  if [[ $1 == master ]]; then echo "$master"; return; fi
+  for svc in $(brokers); do
+    if [[ $svc != "$master" ]] && pid_of "$svc" >/dev/null; then echo "$svc"; return; fi
+  done
+  die "no slave runs (master: $master)"
 }
 
 # ---------- commands ----------
@@ -485,7 +589,7 @@ want() {
 check_names() {
   local n
   for n in "$@"; do
-    [[ " $(services) " == *" $n "* ]] || die "unknown service '$n' (services: $(services); broker-b needs RMQTX_BROKERS=2)"
+    [[ " $(services) " == *" $n "* ]] || die "unknown service '$n' (services: $(services); broker-b needs RMQTX_BROKERS=2, n0 and n1 RMQTX_BROKERS=ha)"
   done
 }
 
@@ -525,17 +629,27 @@ cmd_up() {
 
 stop_one() { # service signal
   local pid
-  pid=$(pid_of "$1") || { rm -f "$PID_DIR/$1.pid"; return 0; }
+  pid=$(pid_of "$1") || { rm -f "$(pid_file "$1")"; return 0; }
   log "stopping $1 (pid $pid)"
   kill "-$2" "$pid" 2>/dev/null || true
   local i
   for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
   if kill -0 "$pid" 2>/dev/null; then log "$1 did not stop in 20s: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$PID_DIR/$1.pid"
+  rm -f "$(pid_file "$1")"
 }
 
 cmd_down() {
   check_names "$@"
+  if [[ $BROKERS == ha ]]; then
+    # The slave first, so that stopping the master promotes nobody. The
+    # databases are the shared bed's too: stopped only when named.
+    local first=n1 second=n0
+    if [[ $(ha_state -master-only -timeout 3s 2>/dev/null) == n1 ]]; then first=n0 second=n1; fi
+    if want "$first" "$@"; then stop_one "$first" TERM; fi
+    if want "$second" "$@"; then stop_one "$second" TERM; fi
+    if want namesrv "$@"; then stop_one namesrv TERM; fi
+    if (($# == 0)); then log "HA bed stopped; the databases keep running (name them to stop them)"; return 0; fi
+  fi
   if want broker-b "$@"; then stop_one broker-b TERM; fi
   if want broker "$@"; then stop_one broker TERM; fi
   if want namesrv "$@"; then stop_one namesrv TERM; fi
@@ -546,15 +660,20 @@ cmd_down() {
 }
 
 cmd_kill9() {
-  [[ $# == 1 ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb|postgres"
-  check_names "$1"
-  stop_one "$1" KILL
+  [[ $# == 1 ]] || die "usage: kill9 broker|broker-b|namesrv|mariadb|postgres (HA bed: master|slave|n0|n1|namesrv)"
+  local svc=$1
+  if [[ $BROKERS == ha && ($svc == master || $svc == slave) ]]; then
+    svc=$(ha_role "$svc")
+    log "$1 is $svc"
+  fi
+  check_names "$svc"
+  stop_one "$svc" KILL
 }
 
 cmd_status() {
   local s pid port rc=0
   for s in mariadb postgres namesrv $(brokers); do
-    case $s in mariadb) port=$MYSQL_PORT ;; postgres) port=$PG_PORT ;; namesrv) port=$NAMESRV_PORT ;; broker) port=$BROKER_PORT ;; broker-b) port=$BROKER_B_PORT ;; esac
+    case $s in mariadb) port=$MYSQL_PORT ;; postgres) port=$PG_PORT ;; namesrv) port=$NAMESRV_PORT ;; broker | n0) port=$BROKER_PORT ;; broker-b | n1) port=$BROKER_B_PORT ;; esac
     if pid=$(pid_of $s); then
       printf '%-8s running  pid %-7s 127.0.0.1:%s\n' "$s" "$pid" "$port"
     else
@@ -562,6 +681,12 @@ cmd_status() {
     fi
   done
   printf 'run dir  %s\njar cache %s\n' "$RUN_DIR" "$LIB_DIR"
+  if [[ $BROKERS == ha ]]; then
+    # The controller's view: node, address, role by the controller, role
+    # by the broker itself; then the master and the sync state set.
+    printf 'controller 127.0.0.1:%s, replica set broker-a:\n' "$CONTROLLER_PORT"
+    ha_state -timeout 3s 2>&1 || rc=3
+  fi
   if [[ $PG_DIR != "$RUN_DIR/postgres" ]]; then printf 'postgres dir %s\n' "$PG_DIR"; fi
   return $rc
 }
@@ -571,8 +696,21 @@ cmd_logs() {
   want mariadb "$@" && { echo "== mariadb ($DB_DIR/error.log)"; tail -n "${LINES_:-40}" "$DB_DIR/error.log" 2>/dev/null || true; }
   want postgres "$@" && { echo "== postgres ($PG_DIR/postgres.log)"; tail -n 40 "$PG_DIR/postgres.log" 2>/dev/null || true; }
   want namesrv "$@" && { echo "== namesrv"; tail -n 40 "$RMQ_DIR/logs/namesrv.out" 2>/dev/null || true; }
-  want broker "$@" && { echo "== broker"; tail -n 40 "$RMQ_DIR/logs/broker.out" 2>/dev/null || true
-    echo "== broker.log"; tail -n 40 "$RMQ_DIR/logs/rocketmqlogs/broker.log" 2>/dev/null || true; }
+  if [[ $BROKERS != ha ]] && want broker "$@"; then
+    echo "== broker"; tail -n 40 "$RMQ_DIR/logs/broker.out" 2>/dev/null || true
+    echo "== broker.log"; tail -n 40 "$RMQ_DIR/logs/rocketmqlogs/broker.log" 2>/dev/null || true
+  fi
+  if [[ $BROKERS == ha ]]; then
+    if want namesrv "$@"; then
+      echo "== controller.log"; tail -n 40 "$RMQ_DIR/logs/rocketmqlogs/controller.log" 2>/dev/null || true
+    fi
+    local n
+    for n in n0 n1; do
+      want "$n" "$@" || continue
+      echo "== $n"; tail -n 40 "$RMQ_DIR/$n/logs/broker.out" 2>/dev/null || true
+      echo "== $n broker.log"; tail -n 40 "$RMQ_DIR/$n/logs/rocketmqlogs/broker.log" 2>/dev/null || true
+    done
+  fi
   if [[ $BROKERS == 2 ]] && want broker-b "$@"; then
     echo "== broker-b"; tail -n 40 "$RMQ_DIR/broker-b/logs/broker.out" 2>/dev/null || true
     echo "== broker-b broker.log"; tail -n 40 "$RMQ_DIR/broker-b/logs/rocketmqlogs/broker.log" 2>/dev/null || true
@@ -591,6 +729,12 @@ export RMQTX_NAMESRV=127.0.0.1:$NAMESRV_PORT
 export RMQTX_BROKER=127.0.0.1:$BROKER_PORT
 EOF
   if [[ $BROKERS == 2 ]]; then echo "export RMQTX_BROKER_B=127.0.0.1:$BROKER_B_PORT"; fi
+  if [[ $BROKERS == ha ]]; then
+    # RMQTX_BROKER above is n0's address; the master may be either.
+    echo "export RMQTX_CONTROLLER=127.0.0.1:$CONTROLLER_PORT"
+    echo "export RMQTX_HA_N0=127.0.0.1:$BROKER_PORT"
+    echo "export RMQTX_HA_N1=127.0.0.1:$BROKER_B_PORT"
+  fi
 }
 
 case ${1:-} in
@@ -602,5 +746,5 @@ case ${1:-} in
   logs) shift; cmd_logs "$@" ;;
   admin) shift; mqadmin "$@" ;;
   env) cmd_env ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -86,7 +86,7 @@ use_tmpdir() {
 # package's output, and they belong in every run's log.
 summaries() {
   local suite summary
-  for suite in faultsuite clustersuite; do
+  for suite in faultsuite clustersuite hasuite; do
     summary=$TMPDIR/rmqtx-$suite-summary.txt
     if [[ -f $summary ]]; then
       echo "== $suite summary${1:+ ($1)}"
@@ -114,7 +114,7 @@ patched_tests() {
   mkdir -p "$RUN_DIR"
   testguard_bin
   use_tmpdir
-  for suite in faultsuite clustersuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
+  for suite in faultsuite clustersuite hasuite; do rm -f "$TMPDIR/rmqtx-$suite-summary.txt"; done
   # The -json stream is kept whole in $JSON; testguard prints what a plain
   # go test would (into $LOG too), then checks the run against $NAMES and
   # $EXPECT.

@@ -31,7 +31,7 @@ type Metrics struct {
 	ConsumerLag         *prometheus.HistogramVec // seconds from store to commit of the effect
 	ReplayMessages      *prometheus.CounterVec   // result=sent|failed|skipped
 	ReplayRate          prometheus.Gauge         // configured messages/second of the running replay
-	ProducerSends       *prometheus.CounterVec   // result=committed|duplicate|rolled_back|unknown|error
+	ProducerSends       *prometheus.CounterVec   // result=committed|duplicate|rolled_back|forced_rollback|unknown|error
 }
 
 // New creates the collectors and registers them on reg. Pass
@@ -70,7 +70,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		ReplayMessages: cv("replay", "messages_total", "Dead letters replayed, by result (sent, failed, skipped).", "destination", "result"),
 		ReplayRate: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: "replay", Name: "rate_limit",
 			Help: "Messages per second allowed for the replay in progress (0 when none runs)."}),
-		ProducerSends: cv("txproducer", "sends_total", "Transactional sends by outcome (committed, duplicate: the event id was already committed, rolled_back, unknown, error).", "group", "event_type", "result"),
+		ProducerSends: cv("txproducer", "sends_total", "Transactional sends by outcome (committed, duplicate: the event id was already committed, rolled_back, "+
+			"forced_rollback: the broker stored the half with a slave or flush timeout and the client rolled it back, unknown, error).", "group", "event_type", "result"),
 	}
 	if reg == nil {
 		return m, nil

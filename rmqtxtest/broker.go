@@ -95,6 +95,7 @@ type Broker struct {
 	checkSeen  map[int64]int // commit log offset -> check answers received
 	loseEnd    int
 	failSend   []string
+	statusNext []statusFault
 	failPull   []string
 	dupNext    []string
 	unknownLog map[int]bool

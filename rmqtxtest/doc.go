@@ -15,9 +15,9 @@
 // delivery takes milliseconds.
 //
 // Faults are injected per request (LoseEndTransaction, FailNextSend,
-// FailNextPull, DuplicateNext, Hold and Release, Redeliver, DiscardHalves,
-// Restart) and the store is inspected directly (Messages, WaitMessages,
-// Pending, RolledBack, DeadLetters).
+// StatusNext, FailNextPull, DuplicateNext, Hold and Release, Redeliver,
+// DiscardHalves, Restart) and the store is inspected directly (Messages,
+// WaitMessages, Pending, RolledBack, DeadLetters).
 //
 // NewProducer, NewConsumer, NewSink and NewDispatcher build the real rmqtx
 // components on a Broker and the test's own database, started, and shut

@@ -50,6 +50,79 @@ func (b *Broker) FailNextSend(topic string) {
 	b.failSend = append(b.failSend, topic)
 }
 
+// StoreStatus is a status with which a broker answers a send it stored
+// but could not make as durable as configured: the message is in the
+// commit log all the same, and the answer carries its id and offset. Its
+// value is the broker's response code (ResponseCode), which the client
+// turns into a send status rather than an error.
+type StoreStatus int
+
+// The statuses of a stored message that is not SEND_OK.
+const (
+	// FlushDiskTimeout: a SYNC_FLUSH broker did not flush the message to
+	// disk within syncFlushTimeout.
+	FlushDiskTimeout StoreStatus = 10
+	// SlaveNotAvailable: a SYNC_MASTER has no slave in sync to copy the
+	// message to (the slave is down or too far behind).
+	SlaveNotAvailable StoreStatus = 11
+	// FlushSlaveTimeout: a SYNC_MASTER's slave did not confirm the copy
+	// within syncFlushTimeout.
+	FlushSlaveTimeout StoreStatus = 12
+)
+
+// String is the broker's name of the status.
+func (s StoreStatus) String() string {
+	switch s {
+	case FlushDiskTimeout:
+		return "FLUSH_DISK_TIMEOUT"
+	case SlaveNotAvailable:
+		return "SLAVE_NOT_AVAILABLE"
+	case FlushSlaveTimeout:
+		return "FLUSH_SLAVE_TIMEOUT"
+	}
+	return "StoreStatus(" + strconv.Itoa(int(s)) + ")"
+}
+
+// statusFault is one pending StatusNext.
+type statusFault struct {
+	topic  string
+	status StoreStatus
+}
+
+// StatusNext makes the next send (plain, batch or half) to topic be stored
+// as usual but answered with status s instead of SUCCESS, as a SYNC_MASTER
+// whose slave is down, or a SYNC_FLUSH broker whose disk is slow, answers;
+// "" matches any topic. The client does not retry these answers: for a
+// plain send it reports the status, and for a half
+// (SendMessageInTransaction) it ends the half with ROLLBACK without calling
+// the local-transaction listener. Faults queue in call order. It returns
+// an error, and queues nothing, for a status other than FlushDiskTimeout,
+// SlaveNotAvailable and FlushSlaveTimeout.
+func (b *Broker) StatusNext(topic string, s StoreStatus) error {
+	switch s {
+	case FlushDiskTimeout, SlaveNotAvailable, FlushSlaveTimeout:
+	default:
+		return fmt.Errorf("rmqtxtest: StatusNext: %s is not a status of a stored message", s)
+	}
+	b.lock()
+	defer b.unlock()
+	b.statusNext = append(b.statusNext, statusFault{topic: topic, status: s})
+	return nil
+}
+
+// storedCodeLocked is the response code for a message just stored on
+// topic: the status of the first StatusNext fault matching topic (taken),
+// or SUCCESS.
+func (b *Broker) storedCodeLocked(topic string) int {
+	for i, f := range b.statusNext {
+		if f.topic == "" || f.topic == topic {
+			b.statusNext = append(b.statusNext[:i], b.statusNext[i+1:]...)
+			return int(f.status)
+		}
+	}
+	return codeSuccess
+}
+
 // handleSend stores a plain message, a batch, or a transaction half.
 func (b *Broker) handleSend(c *conn, req *command) *command {
 	h := parseSendHeader(req)
@@ -98,7 +171,7 @@ func (b *Broker) handleSend(c *conn, req *command) *command {
 			ids = append(ids, offsetMsgID(b.storeHost, r.commitOffset))
 		}
 		ext["msgId"] = strings.Join(ids, ",")
-		return newResponse(req, codeSuccess, "", ext)
+		return newResponse(req, b.storedCodeLocked(h.topic), "", ext)
 	}
 	props := parseProperties(h.properties)
 	r := mk(h.flag, append([]byte(nil), req.Body...), props)
@@ -107,11 +180,11 @@ func (b *Broker) handleSend(c *conn, req *command) *command {
 		ext["msgId"] = offsetMsgID(b.storeHost, hf.rec.commitOffset)
 		ext["queueOffset"] = strconv.FormatInt(hf.rec.queueOffset, 10)
 		ext["queueId"] = strconv.Itoa(hf.realQueue)
-		return newResponse(req, codeSuccess, "", ext)
+		return newResponse(req, b.storedCodeLocked(h.topic), "", ext)
 	}
 	off := b.publishLocked(r)
 	ext["msgId"] = offsetMsgID(b.storeHost, r.commitOffset)
 	ext["queueOffset"] = strconv.FormatInt(off, 10)
 	ext["queueId"] = strconv.Itoa(r.queueID)
-	return newResponse(req, codeSuccess, "", ext)
+	return newResponse(req, b.storedCodeLocked(h.topic), "", ext)
 }

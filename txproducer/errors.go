@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rmqtx/rmqtx/errclass"
+	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/brokerclass"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 	"github.com/rmqtx/rmqtx/internal/dialect"
@@ -37,10 +38,24 @@ var (
 	// ErrClosed: Send or Start after Shutdown. Do not retry.
 	ErrClosed = errors.New("txproducer: shut down")
 	// ErrSend: the half message could not be stored by the broker, or was
-	// stored but the client did not run the local transaction. Nothing
-	// committed. Retry with the same event id: a half stored under it is
-	// answered ROLLBACK once another half commits the id.
+	// stored but the client did not run the local transaction (then it is
+	// ErrForcedRollback). Nothing committed. Retry with the same event id:
+	// a half stored under it is answered ROLLBACK once another half commits
+	// the id.
 	ErrSend = errors.New("txproducer: send half message")
+	// ErrForcedRollback (wraps ErrSend): the broker stored the half but
+	// answered FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE (a SYNC_MASTER
+	// whose slave is down or behind) or FLUSH_DISK_TIMEOUT (SYNC_FLUSH with
+	// a slow disk), and the RocketMQ client then ended the half with
+	// ROLLBACK itself, without running the local transaction. The error
+	// names the status. Nothing committed: the function did not run, no
+	// txlog row was written (the transaction begun early for it is rolled
+	// back), the half is rolled back (if that one-way ROLLBACK is lost, a
+	// check answers ROLLBACK from the missing row once past FenceAge).
+	// Retry with the same event id, after a backoff: every Send to that
+	// broker fails this way until its slave (or disk) catches up. It is
+	// counted as result "forced_rollback" in the producer's sends metric.
+	ErrForcedRollback = fmt.Errorf("%w: rolled back by the client on the broker's status", ErrSend)
 	// ErrDatabase: the database failed before the local transaction could
 	// commit. Nothing committed. Retry with the same event id.
 	ErrDatabase = errors.New("txproducer: database")
@@ -152,9 +167,10 @@ func (a Advice) String() string {
 }
 
 // RetryAdvice classifies a Send error: RetryWithSameID for ErrCommitUnknown,
-// ErrSend, ErrDatabase, ErrFenced and ErrLocalTx (the caller's function
-// failed: whether to run it again is the caller's call, but a retry takes
-// the same id), RetryWithNewID for the ErrFenced of an id rolled back by an
+// ErrSend (ErrForcedRollback included: nothing committed, and the same id
+// commits once the broker's slave is back), ErrDatabase, ErrFenced and
+// ErrLocalTx (the caller's function failed: whether to run it again is the
+// caller's call, but a retry takes the same id), RetryWithNewID for the ErrFenced of an id rolled back by an
 // earlier rmqtx that did not name halves (its row stays final), DontRetry
 // for everything else (an invalid message or config, an id committed with
 // another payload, a closed producer), nil included. A retry loop decides
@@ -243,4 +259,19 @@ var (
 
 func wrapf(sentinel error, format string, args ...any) error {
 	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
+}
+
+// forcedRollback names a status of a stored half that makes the client end
+// it with ROLLBACK without running the local transaction, and says what the
+// broker meant by it; ok is false for any other status.
+func forcedRollback(s broker.SendStatus) (name, why string, ok bool) {
+	switch s {
+	case broker.SendSlaveNotAvailable:
+		return "SLAVE_NOT_AVAILABLE", "its synchronous slave is down or too far behind", true
+	case broker.SendFlushSlaveTimeout:
+		return "FLUSH_SLAVE_TIMEOUT", "its synchronous slave did not confirm the copy in time", true
+	case broker.SendFlushDiskTimeout:
+		return "FLUSH_DISK_TIMEOUT", "it did not flush the half to disk in time (SYNC_FLUSH)", true
+	}
+	return "", "", false
 }

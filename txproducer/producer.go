@@ -316,9 +316,7 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 		}
 	}
 	if !c.ran {
-		// The client answers ROLLBACK without running the local transaction
-		// on a flush or slave timeout; err is nil then.
-		c.err = wrapf(ErrSend, "%s: broker status %d; local transaction not run", msg.Topic, sr.Status)
+		c.err = p.notRun(msg, sr, c)
 		p.count(msg.EventType, c)
 		return res, c.err
 	}
@@ -327,9 +325,38 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	return res, c.err
 }
 
+// notRun is the error of a Send whose half the broker stored but whose
+// local transaction the client did not run (err from the client is nil).
+// The client does that on a stored half answered FLUSH_SLAVE_TIMEOUT,
+// SLAVE_NOT_AVAILABLE or FLUSH_DISK_TIMEOUT, and ends the half with
+// ROLLBACK itself: a SYNC_MASTER whose slave is down rolls back every
+// transactional send. Nothing committed (the early transaction is rolled
+// back by send's deferred discard, so no txlog row exists), and the caller
+// learns which status did it, the log says so without the payload, and
+// count records it as forced_rollback (ErrForcedRollback).
+func (p *Producer) notRun(msg Message, sr *broker.TransactionSendResult, c *call) error {
+	if sr == nil || sr.SendResult == nil {
+		return wrapf(ErrSend, "%s: no send result; local transaction not run", msg.Topic)
+	}
+	name, why, forced := forcedRollback(sr.Status)
+	if !forced || sr.State != broker.RollbackMessageState {
+		// Not a status the client is known to answer this way.
+		return wrapf(ErrSend, "%s: broker status %d; local transaction not run", msg.Topic, sr.Status)
+	}
+	l := p.cfg.Logger.WithFields(logrus.Fields{"event_id": c.row.EventID, "topic": msg.Topic, "half": c.half, "broker_status": name})
+	if sr.MessageQueue != nil {
+		l = l.WithField("broker", sr.MessageQueue.BrokerName)
+	}
+	l.Warn("txproducer: the broker stored the half but reported " + name + " (" + why + "); the client ended it with ROLLBACK " +
+		"and the local transaction did not run: nothing committed, retry with the same event id once the broker recovers")
+	return wrapf(ErrForcedRollback, "%s: the broker stored the half but reported %s: %s; the client ended the half with ROLLBACK "+
+		"and your function did not run; nothing committed", msg.Topic, name, why)
+}
+
 // count records a Send's outcome: committed, duplicate (committed by an
-// earlier or concurrent Send), rolled_back (the caller's function), unknown,
-// or error.
+// earlier or concurrent Send), rolled_back (the caller's function),
+// forced_rollback (the client rolled a stored half back on the broker's
+// status, ErrForcedRollback), unknown, or error.
 func (p *Producer) count(eventType string, c *call) {
 	m := p.cfg.Metrics
 	if m == nil {
@@ -345,6 +372,8 @@ func (p *Producer) count(eventType string, c *call) {
 		result = "unknown"
 	case errors.Is(c.err, ErrLocalTx):
 		result = "rolled_back"
+	case errors.Is(c.err, ErrForcedRollback):
+		result = "forced_rollback"
 	}
 	m.ProducerSends.WithLabelValues(p.cfg.Group, eventType, result).Inc()
 }

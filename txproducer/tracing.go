@@ -50,6 +50,7 @@ var errClasses = []struct {
 	{ErrFenced, "fenced"},
 	{ErrEventIDConflict, "event_id_conflict"},
 	{ErrDatabase, "database"},
+	{ErrForcedRollback, "forced_rollback"},
 	{ErrSend, "send"},
 	{ErrInvalidMessage, "invalid_message"},
 	{ErrNotStarted, "not_started"},

@@ -52,6 +52,8 @@ func nonZero(t *testing.T, typ reflect.Type) reflect.Value {
 		v.SetString("x")
 	case reflect.Int, reflect.Int64:
 		v.SetInt(7)
+	case reflect.Bool:
+		v.SetBool(true)
 	case reflect.Map:
 		v.Set(reflect.MakeMap(typ))
 	case reflect.Pointer:

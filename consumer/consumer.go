@@ -42,6 +42,7 @@ type Config struct {
 	StrictFirstVersion int64                          // first version strict mode expects. Default 1.
 	MaxRetries         int                            // transient and unknown failures before parking. Default 10.
 	MaxWaits           int                            // Wait failures before parking. Default 20.
+	NoCrashCount       bool                           // no attempt counted before each handler run (see ProcessorConfig).
 	DelayLevel         func(c Class, attempt int) int // redelivery delay. Default DefaultDelayLevel.
 	ProcessTimeout     time.Duration                  // one message's transaction. Default 30s.
 	DedupCacheSize     int                            // committed-id cache entries. Default DefaultDedupCacheSize.
@@ -105,7 +106,7 @@ func (c Config) Processing() ProcessorConfig {
 	return ProcessorConfig{
 		Group: c.Group, DB: c.DB, TablePrefix: c.TablePrefix, Routes: c.Routes,
 		UnknownType: c.UnknownType, Adopt: c.Adopt, VersionMode: c.VersionMode,
-		StrictFirstVersion: c.StrictFirstVersion, MaxRetries: c.MaxRetries, MaxWaits: c.MaxWaits,
+		StrictFirstVersion: c.StrictFirstVersion, MaxRetries: c.MaxRetries, MaxWaits: c.MaxWaits, NoCrashCount: c.NoCrashCount,
 		DelayLevel: c.DelayLevel, ProcessTimeout: c.ProcessTimeout, DedupCacheSize: c.DedupCacheSize,
 		Redact: c.Redact, RedactText: c.RedactText, Observe: c.Observe,
 	}
@@ -116,6 +117,7 @@ func (c *Config) setProcessing(p ProcessorConfig) {
 	c.Group, c.DB, c.TablePrefix, c.Routes = p.Group, p.DB, p.TablePrefix, p.Routes
 	c.UnknownType, c.Adopt, c.VersionMode = p.UnknownType, p.Adopt, p.VersionMode
 	c.StrictFirstVersion, c.MaxRetries, c.MaxWaits = p.StrictFirstVersion, p.MaxRetries, p.MaxWaits
+	c.NoCrashCount = p.NoCrashCount
 	c.DelayLevel, c.ProcessTimeout, c.DedupCacheSize = p.DelayLevel, p.ProcessTimeout, p.DedupCacheSize
 	c.Redact, c.RedactText, c.Observe = p.Redact, p.RedactText, p.Observe
 }

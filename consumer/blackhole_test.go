@@ -53,6 +53,7 @@ func newHoleBed(t *testing.T, db *sqlx.DB, inHandler func(b *holeBed)) *holeBed 
 	}
 	b.c = startConsumer(t, b.hole.Pool(t, holeProcessTimeout), b.topic, testenv.Name(t, "grp"),
 		map[string]Route{"Created": {Handler: handler}}, func(c *Config) { c.ProcessTimeout = holeProcessTimeout })
+	t.Cleanup(b.hole.Cut) // before the consumer's Shutdown, should the test stop early
 	return b
 }
 

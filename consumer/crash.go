@@ -165,7 +165,7 @@ func (p *Processor) countBatch(ctx context.Context, its []*item) {
 func (p *Processor) countBatchRows(ctx context.Context, n int, args []any) (map[string]int, error) {
 	crashed := map[string]int{}
 	b := &p.batchQueries
-	if b.d.Name() != dialect.MySQL.Name() {
+	if _, returns := b.d.RowsReturning("", ""); returns {
 		// PostgreSQL: the count returns every row it wrote, crashed or not.
 		var rows []struct {
 			ID       string `db:"event_id"`
@@ -230,9 +230,7 @@ func (b *batchSQL) countAttempts(n int) string {
 			strings.TrimSuffix(strings.Repeat(row+", ", n), ", "), "consumer_group, event_id",
 			"attempts = attempts + 1, last_error = CASE WHEN last_class = "+crash+" THEN '"+crashText+"' ELSE last_error END, "+
 				"last_class = "+crash+", updated_at = "+b.d.Now())
-		if b.d.Name() != dialect.MySQL.Name() {
-			q += " RETURNING event_id, attempts, (" + crashedWhere + ") AS crashed"
-		}
+		q, _ = b.d.RowsReturning(q, "event_id, attempts, ("+crashedWhere+") AS crashed")
 		return q
 	})
 }

@@ -137,6 +137,12 @@ type Dialect interface {
 	//	INSERT INTO table (columns) VALUES (values) ON CONFLICT (conflict)
 	//	DO UPDATE SET set RETURNING (xmax = 0), returning
 	UpsertReturning(table, columns, values, conflict, set, returning string) string
+	// RowsReturning appends a RETURNING clause listing returning to query
+	// (an INSERT, UPDATE or DELETE) and reports true where the database
+	// returns rows from such a statement; where it cannot (MySQL), it
+	// returns query unchanged and false, and the owner reads the rows with
+	// a SELECT of its own.
+	RowsReturning(query, returning string) (string, bool)
 	// ExecReturning runs query, an UpsertReturning statement, on e and
 	// returns whether it inserted the row and the integer it yielded
 	// (MySQL reads the statement's result; PostgreSQL scans the row its

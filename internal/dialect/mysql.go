@@ -140,6 +140,9 @@ func wrapValues(values string) string {
 // UpsertReturning hands the value back through LAST_INSERT_ID(expr), which
 // sets the statement's insert id, in an assignment that leaves the first
 // conflict column as it is (it comes last, so expr sees the row after set).
+// RowsReturning: MySQL returns no rows from an INSERT, UPDATE or DELETE.
+func (mysqlDialect) RowsReturning(query, _ string) (string, bool) { return query, false }
+
 func (mysqlDialect) UpsertReturning(table, columns, values, conflict, set, returning string) string {
 	key, _, _ := strings.Cut(conflict, ",")
 	key = strings.TrimSpace(key)

@@ -81,6 +81,11 @@ func (d pgDialect) UpsertReturning(table, columns, values, conflict, set, return
 	return d.Upsert(table, columns, values, conflict, set) + " RETURNING (xmax = 0), " + returning
 }
 
+// RowsReturning appends the RETURNING clause.
+func (pgDialect) RowsReturning(query, returning string) (string, bool) {
+	return query + " RETURNING " + returning, true
+}
+
 // ExecReturning scans the row the RETURNING clause yields.
 func (pgDialect) ExecReturning(ctx context.Context, e ReturningExecer, query string, args ...any) (bool, int64, error) {
 	var inserted bool

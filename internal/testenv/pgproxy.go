@@ -14,8 +14,10 @@ import (
 
 // PGProxy is NewMySQLProxy for PostgreSQL client connections without
 // encryption (the test DSN's sslmode=disable: no SSLRequest, whose one-byte
-// answer is no message): a CutProxy that forwards whole protocol messages and can lose the answer to one COMMIT (LoseCommitAnswer). Start
-// it in front of PGAddr and open a pool through it with PoolVia.
+// answer is no message): a CutProxy that forwards whole protocol messages
+// and can lose the answer to one COMMIT (LoseCommitAnswer, or
+// HoleCommitAnswer) or black-hole every connection (BlackHole). Start it in
+// front of PGAddr and open a pool through it with PoolVia.
 type PGProxy struct {
 	ln     net.Listener
 	target string
@@ -24,7 +26,8 @@ type PGProxy struct {
 	cut   bool
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
-	lose  atomic.Pointer[chan PGLostCommit]
+	holes holes
+	lose  atomic.Pointer[loseArm[PGLostCommit]]
 }
 
 // PGLostCommit is the answer a PGProxy read and dropped: the command tag of
@@ -64,26 +67,50 @@ func (p *PGProxy) Addr() string { return p.ln.Addr().String() }
 // returned channel receives the dropped answer.
 func (p *PGProxy) LoseCommitAnswer(t testing.TB) <-chan PGLostCommit {
 	t.Helper()
-	ch := make(chan PGLostCommit, 1)
-	p.lose.Store(&ch)
-	return ch
+	arm := &loseArm[PGLostCommit]{ch: make(chan PGLostCommit, 1)}
+	p.lose.Store(arm)
+	return arm.ch
 }
 
-// Cut closes every open connection and refuses new ones until Restore.
+// HoleCommitAnswer is LoseCommitAnswer with a black hole instead of a cut
+// (CutProxy.HoleCommitAnswer): the answer is dropped and the proxy then
+// black-holes, leaving the client waiting on an open socket.
+func (p *PGProxy) HoleCommitAnswer(t testing.TB) <-chan PGLostCommit {
+	t.Helper()
+	arm := &loseArm[PGLostCommit]{ch: make(chan PGLostCommit, 1), hole: true}
+	p.lose.Store(arm)
+	return arm.ch
+}
+
+// BlackHole stops every byte through the proxy without closing anything,
+// as CutProxy.BlackHole does; Cut ends it.
+func (p *PGProxy) BlackHole() { p.holes.blackHole() }
+
+// ServerPorts are the local ports of the proxy's connections to the server
+// held in a black hole (CutProxy.ServerPorts).
+func (p *PGProxy) ServerPorts() []int {
+	return p.holes.heldPorts()
+}
+
+// Cut closes every open connection and refuses new ones until Restore. It
+// ends a black hole too.
 func (p *PGProxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = true
+	p.holes.open()
 	for c := range p.conns {
 		_ = c.Close()
 	}
 }
 
-// Restore lets connections through again.
+// Restore lets new connections through again; connections held in a
+// black hole stay held (BlackHole).
 func (p *PGProxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = false
+	p.holes.open()
 }
 
 func (p *PGProxy) close() {
@@ -134,6 +161,11 @@ func (p *PGProxy) accept() {
 
 func (p *PGProxy) serve(in net.Conn) {
 	defer p.wg.Done()
+	if p.holes.swallow() {
+		drain(in) // accepted into the black hole: held open, never connected on
+		p.untrack(in)
+		return
+	}
 	out, err := net.Dial("tcp", p.target)
 	if err != nil {
 		p.untrack(in)
@@ -144,13 +176,19 @@ func (p *PGProxy) serve(in net.Conn) {
 		p.untrack(in)
 		return
 	}
+	held := p.holes.add(out)
+	defer p.holes.remove(out)
 	done := make(chan struct{}, 2)
-	var lose atomic.Pointer[chan PGLostCommit] // set once this connection's COMMIT went out
-	go func() { p.clientToServer(out, in, &lose); done <- struct{}{} }()
-	go func() { p.serverToClient(in, out, &lose); done <- struct{}{} }()
+	var lose atomic.Pointer[loseArm[PGLostCommit]] // set once this connection's COMMIT went out
+	go func() { p.clientToServer(out, in, &lose, held); done <- struct{}{} }()
+	go func() { p.serverToClient(in, out, &lose, held); done <- struct{}{} }()
 	<-done
-	p.untrack(in, out) // closing both ends stops the other copy
+	if !held.Load() {
+		p.untrack(in, out) // closing both ends stops the other copy
+	}
+	// In a black hole the other side is not told (CutProxy.serve).
 	<-done
+	p.untrack(in, out)
 }
 
 // readPGMessage reads one message: with typed, a type byte, then a
@@ -186,19 +224,22 @@ func isPGCommit(msg []byte) bool {
 // clientToServer forwards the client's messages. When LoseCommitAnswer is
 // armed and a COMMIT passes, it marks this connection before forwarding it,
 // so that serverToClient drops the answer.
-func (p *PGProxy) clientToServer(server, client net.Conn, lose *atomic.Pointer[chan PGLostCommit]) {
+func (p *PGProxy) clientToServer(server, client net.Conn, lose *atomic.Pointer[loseArm[PGLostCommit]], held *atomic.Bool) {
 	typed := false
 	for {
 		msg, err := readPGMessage(client, typed)
 		if err != nil {
 			return
 		}
-		if typed && isPGCommit(msg) {
-			if ch := p.lose.Swap(nil); ch != nil {
-				lose.Store(ch)
+		typed = true // after the startup message
+		if held.Load() {
+			continue
+		}
+		if isPGCommit(msg) {
+			if arm := p.lose.Swap(nil); arm != nil {
+				lose.Store(arm)
 			}
 		}
-		typed = true // after the startup message
 		if _, err := server.Write(msg); err != nil {
 			return
 		}
@@ -209,13 +250,16 @@ func (p *PGProxy) clientToServer(server, client net.Conn, lose *atomic.Pointer[c
 // COMMIT whose answer is to be lost: its messages up to ReadyForQuery are
 // read, the command tag is handed to the test, and the proxy cuts instead
 // of forwarding them.
-func (p *PGProxy) serverToClient(client, server net.Conn, lose *atomic.Pointer[chan PGLostCommit]) {
+func (p *PGProxy) serverToClient(client, server net.Conn, lose *atomic.Pointer[loseArm[PGLostCommit]], held *atomic.Bool) {
 	for {
 		msg, err := readPGMessage(server, true)
 		if err != nil {
 			return
 		}
-		if ch := lose.Load(); ch != nil {
+		if held.Load() {
+			continue
+		}
+		if arm := lose.Swap(nil); arm != nil {
 			var tag string
 			for {
 				if msg[0] == 'C' {
@@ -228,8 +272,13 @@ func (p *PGProxy) serverToClient(client, server net.Conn, lose *atomic.Pointer[c
 					break
 				}
 			}
+			if arm.hole {
+				p.BlackHole()
+				arm.ch <- PGLostCommit{Tag: tag}
+				continue
+			}
 			p.Cut()
-			*ch <- PGLostCommit{Tag: tag}
+			arm.ch <- PGLostCommit{Tag: tag}
 			return
 		}
 		if _, err := client.Write(msg); err != nil {

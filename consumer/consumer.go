@@ -358,12 +358,13 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	watch.stop()     // before the client stops: the watcher may call it
 	c.seq.shutdown() // waiters hand their events back instead of waiting
 
-	werr := pc.Stop(ctx)
-	err := pc.Shutdown()
+	// Close, not Stop then Shutdown: it writes the offsets again once the
+	// client is shut down, after any older offset a pull of the client's
+	// carried to the broker (internal/broker/pushstop).
+	werr := pc.Close(ctx)
+	var err error
 	if prod != nil {
-		if perr := prod.Shutdown(); err == nil {
-			err = perr
-		}
+		err = prod.Shutdown()
 	}
 	if werr != nil {
 		return fmt.Errorf("consumer: shutdown: %w", werr)

@@ -61,11 +61,15 @@ type PushConsumer interface {
 	// then it writes the offsets to the brokers (pushstop.Gate.Stop). It
 	// does not shut the client down.
 	Stop(ctx context.Context) error
-	// Shutdown shuts the client down; call Stop first. On a consumer
-	// never started it does nothing.
+	// Shutdown shuts the client down; call Stop first (or use Close). On a
+	// consumer never started it does nothing.
 	Shutdown() error
-	// Close is Stop then Shutdown; the client is shut down even when ctx
-	// ends first, and the error then wraps ctx's.
+	// Close is Stop then Shutdown, then it writes the offsets once more:
+	// a pull the client built before Stop can carry an older offset to the
+	// broker after Stop's write (pushstop.Gate.Shutdown). Stop a consumer
+	// with Close, not Stop and Shutdown, to lose no acknowledgement. The
+	// client is shut down even when ctx ends first, and the error then
+	// wraps ctx's.
 	Close(ctx context.Context) error
 	// Discarded is how many pulled messages the closed gate dropped (they
 	// are redelivered to the queue's next owner).

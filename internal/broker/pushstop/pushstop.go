@@ -41,6 +41,20 @@
 // steps make the patched client (third_party/rocketmq-client-go, patch 3)
 // lose no acknowledgement at shutdown either.
 //
+// After the client's Shutdown, Gate.Shutdown writes the same offsets once
+// more, and that write is the one that counts. Every pull request carries
+// the offset the client held when it built the request, and the broker
+// stores it as the group's offset, even when it is lower than the stored
+// one (it only logs "[NOTIFYME]update consumer offset less than store").
+// A pull built before the last outcome was recorded (the pull goroutine
+// passed its suspend check before Stop, or the broker's pull threads were
+// slow to take it) can reach the broker after Stop's write and move the
+// offset back; the client's one-way persist at Shutdown repairs that only
+// when it lands after the pull and is not lost with the closing connection.
+// Once the client is shut down it sends nothing more, so the final write
+// comes after every request of the client's that the broker answers in
+// turn.
+//
 // Limits: the wait ends with ctx. Shutdown then shuts the client down anyway
 // and returns ctx's error, so a context too short for the handlers in flight
 // gives up the guarantee. A queue taken away by a rebalance and given back
@@ -103,6 +117,12 @@ type Gate struct {
 	returned  map[primitive.MessageQueue]int64
 	running   int   // wrapped callbacks in progress
 	discarded int64 // messages of pull results dropped after the gate closed
+	// settled is the queue table Stop found settled (nil before): the
+	// offsets Shutdown writes again once the client is shut down.
+	settled map[primitive.MessageQueue]queueInfo
+	// afterClientShutdown, when set (tests only), runs between the client's
+	// Shutdown and the final write of the offsets.
+	afterClientShutdown func()
 }
 
 type batch struct {
@@ -211,14 +231,26 @@ func (g *Gate) Discarded() int64 {
 	return g.discarded
 }
 
-// Shutdown is Stop, then pc.Shutdown. pc is shut down even when ctx ends
-// first; the error then wraps ctx's.
+// Shutdown is Stop, then pc.Shutdown, then the offsets Stop wrote are
+// written again: a pull the client built before Stop can carry an older
+// offset to the broker after Stop's write (see the package doc), and after
+// its Shutdown the client sends nothing more. pc is shut down even when ctx
+// ends first; the error then wraps ctx's.
 func (g *Gate) Shutdown(ctx context.Context, pc rocketmq.PushConsumer) error {
 	serr := g.Stop(ctx, pc)
 	if err := pc.Shutdown(); err != nil {
 		return fmt.Errorf("pushstop: shutdown: %w", err)
 	}
-	return serr
+	if serr != nil {
+		return serr
+	}
+	if g.afterClientShutdown != nil {
+		g.afterClientShutdown()
+	}
+	g.mu.Lock()
+	qs := g.settled
+	g.mu.Unlock()
+	return g.commit(ctx, qs)
 }
 
 // Stop suspends pc, closes the gate and waits, bounded by ctx, until no
@@ -239,6 +271,9 @@ func (g *Gate) Stop(ctx context.Context, pc rocketmq.PushConsumer) error {
 	for {
 		s, qs := g.state(pc)
 		if s.settled() {
+			g.mu.Lock()
+			g.settled = qs
+			g.mu.Unlock()
 			return g.commit(ctx, qs)
 		}
 		select {

@@ -20,6 +20,7 @@ import (
 	"github.com/rmqtx/rmqtx/inspect"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/suites/internal/testbed"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/txproducer"
 	"github.com/rmqtx/rmqtx/wire"
@@ -52,9 +53,9 @@ import (
 // broker.
 func TestMasterKilledUnderLoad(t *testing.T) {
 	testenv.Integration(t)
-	suite.keepUp(t)
+	suite.KeepUp(t, "n0", "n1")
 	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
-		masterKilledUnderLoad(t, suite.newBed(t, "master-killed", db))
+		masterKilledUnderLoad(t, newBed(t, "master-killed", db))
 	})
 }
 
@@ -69,13 +70,12 @@ type failoverFigures struct {
 }
 
 func masterKilledUnderLoad(t *testing.T, b *Bed) {
-	h := suite.ha
 	// Both replicas run (an earlier half that failed may have left one
 	// killed) and are in sync.
-	suite.mustService(t, "up", "n0", "n1")
-	out, err := h.state("-wait-in-sync", "2", "-timeout", "180s")
+	suite.MustService(t, "up", "n0", "n1")
+	out, err := suite.HAState("-wait-in-sync", "2", "-timeout", "180s")
 	require.NoError(t, err, "both replicas in sync before the kill:\n%s", out)
-	f := failoverFigures{oldMaster: h.master()}
+	f := failoverFigures{oldMaster: suite.HAMaster()}
 	require.NotEmpty(t, f.oldMaster)
 	f.newMaster = other(f.oldMaster)
 	t.Logf("before the kill:\n%s", out)
@@ -89,9 +89,9 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 
 	var okAtRejoin int64
 	rejoined := make(chan struct{})
-	l := b.StartLoad(LoadConfig{Producers: []*txproducer.Producer{p1, p2}, Dispatcher: d, OutboxEvery: 4, Workers: 3,
+	l := b.StartLoad(testbed.LoadConfig{Producers: []*txproducer.Producer{p1, p2}, Dispatcher: d, OutboxEvery: 4, Workers: 3,
 		Limiter: rate.NewLimiter(10, 1),
-		Stop: func(l *Load) bool {
+		Stop: func(l *testbed.Load) bool {
 			select {
 			case <-rejoined:
 				return l.OK.Load()-okAtRejoin >= 30
@@ -111,20 +111,20 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 	entered := make(chan string, 4)
 	for i := 0; i < 4; i++ {
 		id, rollback := wire.NewEventID(), i >= 2
-		a := &Attempt{ID: id, Source: "tx", Rollback: rollback}
+		a := &testbed.Attempt{ID: id, Source: "tx", Rollback: rollback}
 		b.Record(a)
 		held = append(held, id)
 		heldWG.Add(1)
 		go func() {
 			defer heldWG.Done()
 			res, err := p3.Send(context.Background(), b.Message(id), func(ctx context.Context, tx *sqlx.Tx) error {
-				if err := InsertOrder(id, "held", false)(ctx, tx); err != nil {
+				if err := testbed.InsertOrder(id, "held", false)(ctx, tx); err != nil {
 					return err
 				}
 				entered <- id
 				<-release
 				if rollback {
-					return ErrBusiness
+					return testbed.ErrBusiness
 				}
 				return nil
 			})
@@ -136,18 +136,18 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 	}
 	for _, id := range held {
 		for _, n := range []string{f.oldMaster, f.newMaster} {
-			require.True(t, halfOn(h.addr[n], id), "the held half %s is stored on %s (%s)", id, n, h.addr[n])
+			require.True(t, halfOn(suite.Node(n), id), "the held half %s is stored on %s (%s)", id, n, suite.Node(n))
 		}
 	}
 
 	okAtKill, errsAtKill := l.OK.Load(), l.Errs.Load()
-	out = suite.mustService(t, "kill9", "master")
+	out = suite.MustService(t, "kill9", "master")
 	killedAt := time.Now()
 	require.Contains(t, out, "master is "+f.oldMaster)
 	close(release) // the held local transactions end; END_TRANSACTION goes to the dead master
 
 	// (a) Promotion, seen by the controller.
-	for !strings.Contains(mustState(t, h), "master="+f.newMaster+" ") {
+	for !strings.Contains(haState(), "master="+f.newMaster+" ") {
 		require.Less(t, time.Since(killedAt), 60*time.Second, "the controller promoted %s within 60 s", f.newMaster)
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -196,7 +196,7 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 		snap := b.Coll.Snapshot()
 		for i, id := range held {
 			if by[id] == "" {
-				by[id] = b.decidedAfter(id, killedAt)
+				by[id] = decidedAfter(b, id, killedAt)
 			}
 			if by[id] == "" && i < 2 && snap.Counts[id] > 0 {
 				by[id] = "end (committed without a check)"
@@ -210,7 +210,7 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 		}
 		return true
 	})
-	first, ok := b.firstAnswerAfter(killedAt)
+	first, ok := b.FirstAnswerAfter(killedAt)
 	if ok {
 		f.firstCheck = first.Sub(killedAt)
 	}
@@ -219,8 +219,8 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 
 	// (b) The old master comes back: it rejoins as slave.
 	restartAt := time.Now()
-	suite.mustService(t, "up", f.oldMaster)
-	out, err = h.state("-wait-in-sync", "2", "-timeout", "120s")
+	suite.MustService(t, "up", f.oldMaster)
+	out, err = suite.HAState("-wait-in-sync", "2", "-timeout", "120s")
 	require.NoError(t, err, "both replicas in sync after the restart:\n%s", out)
 	f.rejoin = time.Since(restartAt)
 	require.Contains(t, out, "master="+f.newMaster+" ", "the promoted master stays master")
@@ -234,7 +234,7 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 	b.Sc.Recover = b.Converge(t, 2*time.Minute).Sub(killedAt)
 
 	b.Verify(t, 2*time.Minute)
-	advice := b.checkAdvice(t)
+	advice := checkAdvice(t, b)
 	rec := b.RecoveryDecisions()
 	b.Sc.Note("%s (master) killed: %s promoted after %s; first Send committed %s after the kill (%d probe Sends failed first); first check answered by the promoted master %s after the kill",
 		f.oldMaster, f.newMaster, f.promotion.Round(10*time.Millisecond), f.firstCommit.Round(10*time.Millisecond), f.probeFailures, roundOrNone(f.firstCheck))
@@ -257,16 +257,16 @@ func halfOn(addr, id string) bool {
 	return false
 }
 
-func mustState(t *testing.T, h *haBed) string {
-	t.Helper()
-	out, _ := h.state("-timeout", "3s") // a non-zero exit only says a node is down
+// haState is the controller's view now (HAState's output).
+func haState() string {
+	out, _ := suite.HAState("-timeout", "3s") // a non-zero exit only says a node is down
 	return out
 }
 
 // decidedAfter says how the half of id was decided after t: "check commit"
 // or "check rollback" (an answer to a check), "recovery <decision>", or ""
 // (not yet).
-func (b *Bed) decidedAfter(id string, t time.Time) string {
+func decidedAfter(b *Bed, id string, t time.Time) string {
 	for _, a := range b.Answers(id) {
 		if a.At.After(t) && (a.Decision == checkback.Commit || a.Decision == checkback.Rollback) {
 			return "check " + strings.ToLower(a.Decision.String())
@@ -280,43 +280,38 @@ func (b *Bed) decidedAfter(id string, t time.Time) string {
 	return ""
 }
 
-// firstAnswerAfter returns the time of the first check answered after t.
-func (b *Bed) firstAnswerAfter(t time.Time) (time.Time, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var first time.Time
-	for _, as := range b.answers {
-		for _, a := range as {
-			if a.At.After(t) && (first.IsZero() || a.At.Before(first)) {
-				first = a.At
-			}
-		}
-	}
-	return first, !first.IsZero()
-}
-
 // checkAdvice asserts that every failed Send's RetryAdvice fits what
 // happened, and tallies them per class and advice: a Send that failed for
 // the broker's sake is worth a retry (never DontRetry), and one whose event
 // committed anyway must be retried with the same id (the retry then finds
-// it committed).
-func (b *Bed) checkAdvice(t *testing.T) string {
+// it committed). A forced rollback (the client ended a stored half with
+// ROLLBACK on a slave status) committed nothing and left no txlog row: the
+// local transaction never ran, and the same id commits on a retry.
+func checkAdvice(t *testing.T, b *Bed) string {
 	t.Helper()
-	committed := map[string]bool{}
-	var ids []string
-	require.NoError(t, b.DB.Select(&ids, b.DB.Rebind("SELECT event_id FROM "+b.Store.Table()+" WHERE state = ?"), string(txlog.StateCommitted)))
-	for _, id := range ids {
-		committed[id] = true
+	var rows []struct {
+		ID    string `db:"event_id"`
+		State string `db:"state"`
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	require.NoError(t, b.DB.Select(&rows, "SELECT event_id, state FROM "+b.Store.Table()))
+	committed, logged := map[string]bool{}, map[string]string{}
+	for _, r := range rows {
+		committed[r.ID] = r.State == string(txlog.StateCommitted)
+		logged[r.ID] = r.State
+	}
 	tally := map[string]int{}
-	for id, a := range b.attempts {
+	for _, a := range b.Attempts() {
+		id := a.ID
 		if a.Err == nil || a.Source == "outbox" || (a.Rollback && errors.Is(a.Err, txproducer.ErrLocalTx)) {
 			continue
 		}
-		class, _ := Classify(a.Err)
+		class, _ := testbed.Classify(a.Err)
 		adv := txproducer.RetryAdvice(a.Err)
+		if errors.Is(a.Err, txproducer.ErrForcedRollback) {
+			class = "ErrForcedRollback"
+			assert.Empty(t, logged[id], "Send %s was rolled back by the client (%v): its local transaction never ran, no txlog row", id, a.Err)
+			assert.Equal(t, txproducer.RetryWithSameID, adv, "Send %s was rolled back by the client (%v): nothing committed, retry with the same id", id, a.Err)
+		}
 		tally[fmt.Sprintf("%s/%s", class, adv)]++
 		t.Logf("failed Send %s (committed in the txlog: %t): %s, %s: %v", id, committed[id], class, adv, a.Err)
 		assert.NotEqual(t, txproducer.DontRetry, adv, "Send %s failed by the failover (%v): it is worth a retry", id, a.Err)

@@ -106,7 +106,7 @@ func (s *Suite) NewBed(t *testing.T, name string) *Bed {
 // reported under that database, so one test body run on both shows both.
 func (s *Suite) NewBedOn(t *testing.T, name, kind string) *Bed {
 	t.Helper()
-	env := testenv.Integration(t)
+	testenv.Integration(t)
 	require.NotNil(t, s.private, "the suite's tests need its private services (started by TestMain)")
 	var db *sqlx.DB
 	switch kind {
@@ -119,10 +119,20 @@ func (s *Suite) NewBedOn(t *testing.T, name, kind string) *Bed {
 	default:
 		t.Fatalf("testbed: unknown database %q", kind)
 	}
+	return s.NewBedDB(t, name, db)
+}
+
+// NewBedDB is NewBed on db, a fresh database of testenv's (MySQLDB,
+// PostgresDB, or the one testenv.EachDB passes), for a suite whose
+// scenarios run on each database in turn rather than in parallel.
+func (s *Suite) NewBedDB(t *testing.T, name string, db *sqlx.DB) *Bed {
+	t.Helper()
+	env := testenv.Integration(t)
+	require.NotNil(t, s.private, "the suite's tests need its private services (started by TestMain)")
 	db.SetMaxOpenConns(s.cfg.DBConns)
 	db.SetMaxIdleConns(s.cfg.DBConns)
 	ref := testenv.DBRef(t, db)
-	kind, _, _ = strings.Cut(ref, "/")
+	kind, _, _ := strings.Cut(ref, "/")
 	ctx := context.Background()
 	require.NoError(t, schema.MigrateAll(ctx, db, ""))
 	store, err := txlog.New(db, txlog.DefaultPrefix)
@@ -141,7 +151,7 @@ func (s *Suite) NewBedOn(t *testing.T, name, kind string) *Bed {
 		sendErrs: map[string]int{}, published: map[string]bool{}, direct: map[string]bool{},
 	}
 	b.Route = testenv.CreateClusterTopic(t, b.Topic, s.cfg.QueuesPerBroker)
-	require.Len(t, b.Route, s.cfg.Brokers, "the topic has queues on every broker: %v", b.Route)
+	require.Len(t, b.Route, s.routedBrokers(), "the topic has queues on every broker: %v", b.Route)
 	b.Coll = testenv.Collect(t, b.Topic)
 	t.Cleanup(func() {
 		b.Sc.Duration = time.Since(b.Started)
@@ -289,6 +299,17 @@ func (b *Bed) Attempt(id string) (Attempt, bool) {
 	return *a, true
 }
 
+// Attempts returns a copy of every attempt, in no order.
+func (b *Bed) Attempts() []Attempt {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Attempt, 0, len(b.attempts))
+	for _, a := range b.attempts {
+		out = append(out, *a)
+	}
+	return out
+}
+
 // Classify names the class of a Send error and reports whether it is one of
 // the library's typed errors.
 func Classify(err error) (string, bool) {
@@ -433,6 +454,22 @@ func (b *Bed) Answers(id string) []Answer {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return append([]Answer(nil), b.answers[id]...)
+}
+
+// FirstAnswerAfter returns the time of the first check answered after at,
+// for any event of the bed, and whether there was one.
+func (b *Bed) FirstAnswerAfter(at time.Time) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var first time.Time
+	for _, as := range b.answers {
+		for _, a := range as {
+			if a.At.After(at) && (first.IsZero() || a.At.Before(first)) {
+				first = a.At
+			}
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // Recovered returns the discard recovery results recorded for id.

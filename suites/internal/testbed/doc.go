@@ -1,9 +1,11 @@
-// Package testbed is the one test bed of the fault suite (faultsuite) and
-// the cluster suite (clustersuite): their private services, the world one
-// scenario runs in (a fresh database on MariaDB or PostgreSQL, a topic, a
-// producer and a consumer group, a load of transactional Sends and outbox
-// enqueues), the comparison
-// of the database's truth with the consumers' view, and the summary table.
+// Package testbed is the one test bed of the fault suite (faultsuite), the
+// cluster suite (clustersuite) and the HA suite (hasuite): their private
+// services (a whole bed of databases and brokers, or, with SuiteConfig.HA,
+// only services.sh's controller-mode replica set beside the shared
+// databases), the world one scenario runs in (a fresh database on MariaDB
+// or PostgreSQL, a topic, a producer and a consumer group, a load of
+// transactional Sends and outbox enqueues), the comparison of the
+// database's truth with the consumers' view, and the summary table.
 //
 // A scenario ends with Bed.Verify: it waits until nothing is owed, then
 // sends markers through the scenario's own topic and groups, one to every

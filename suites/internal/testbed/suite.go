@@ -34,6 +34,14 @@ type SuiteConfig struct {
 	// Brokers is 1, or 2 for broker-a and broker-b (broker-b listens 100
 	// above broker-a).
 	Brokers int
+	// HA makes the private services the HA bed of services.sh
+	// (RMQTX_BROKERS=ha) instead: a name server on NamesrvPort with the
+	// controller embedded (2 above), and the controller-mode replicas n0
+	// (BrokerPort) and n1 (100 above), both named broker-a, of which the
+	// controller makes one master. The databases are then the shared ones
+	// testenv already knows (the HA bed starts none): MySQLPort, PGPort and
+	// Brokers are ignored, and the suite never stops a database.
+	HA bool
 	// Title is the summary's heading, read when the summary is printed.
 	Title func(*Suite) string
 	// QueuesPerBroker is the number of queues of a bed's topic on each
@@ -57,8 +65,12 @@ type Suite struct {
 	// Report collects the scenarios' figures; TestMain prints it.
 	Report *Summary
 	// BrokerA and BrokerB are the private brokers' addresses (BrokerB only
-	// with Brokers: 2), set before the tests run.
+	// with Brokers: 2; with HA, the replicas n0 and n1), set before the
+	// tests run.
 	BrokerA, BrokerB string
+	// Namesrv and Controller are the HA bed's name server and controller
+	// (HA only).
+	Namesrv, Controller string
 }
 
 // NewSuite registers the suite's common flags (-run-dir, -summary-file,
@@ -92,6 +104,7 @@ type Services struct {
 	env    []string
 	script string
 	runDir string
+	names  []string // what up, down and logs act on (nil: everything)
 }
 
 // RunDir is the private services' run folder.
@@ -143,13 +156,13 @@ func (s *Services) exports() (map[string]string, error) {
 // the run folder if this process dies without doing it (a -timeout panic or a
 // kill). Its output goes nowhere so `go test` does not wait for it.
 func (s *Services) reaper(removeDir bool) error {
-	script := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down >/dev/null 2>&1`
+	script := `while kill -0 "$WATCH" 2>/dev/null; do sleep 2; done; bash "$SCRIPT" down $NAMES >/dev/null 2>&1`
 	if removeDir {
 		// PostgreSQL's folder too when it lies outside (see PostgresDir).
 		script += `; d=$(cat "$RMQTX_RUN_DIR/postgres.dir" 2>/dev/null); [ -n "$d" ] && rm -rf "$d"; rm -rf "$RMQTX_RUN_DIR"`
 	}
 	cmd := exec.Command("setsid", "bash", "-c", script)
-	cmd.Env = append(s.env, "WATCH="+strconv.Itoa(os.Getpid()), "SCRIPT="+s.script)
+	cmd.Env = append(append([]string{}, s.env...), "WATCH="+strconv.Itoa(os.Getpid()), "SCRIPT="+s.script, "NAMES="+strings.Join(s.names, " "))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, nil, nil
 	if err := cmd.Start(); err != nil {
 		return err
@@ -206,12 +219,16 @@ func (s *Suite) newServices() (*Services, error) {
 		}
 	}
 	ports := map[string]int{"MYSQL": s.cfg.MySQLPort, "PG": s.cfg.PGPort, "NAMESRV": s.cfg.NamesrvPort, "BROKER": s.cfg.BrokerPort}
+	brokers, kinds := strconv.Itoa(s.cfg.Brokers), []string{"MYSQL", "PG", "NAMESRV", "BROKER"}
+	if s.cfg.HA {
+		brokers, kinds = "ha", []string{"NAMESRV", "BROKER"}
+	}
 	// The short check settings FenceAge is made for, whatever services.sh's
 	// defaults: a half nobody answers is discarded after about 13 s
 	// (recovery tests wait for that).
-	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+strconv.Itoa(s.cfg.Brokers),
+	env := append(os.Environ(), "RMQTX_RUN_DIR="+runDir, "RMQTX_BROKERS="+brokers,
 		"RMQTX_TX_TIMEOUT_MS=3000", "RMQTX_TX_CHECK_INTERVAL_MS=2000", "RMQTX_TX_CHECK_MAX=5")
-	for _, k := range []string{"MYSQL", "PG", "NAMESRV", "BROKER"} {
+	for _, k := range kinds {
 		p, err := envOr(s.cfg.EnvPrefix+"_"+k+"_PORT", ports[k])
 		if err != nil {
 			return nil, err
@@ -219,10 +236,23 @@ func (s *Suite) newServices() (*Services, error) {
 		ports[k] = p
 		env = append(env, "RMQTX_"+k+"_PORT="+strconv.Itoa(p))
 	}
-	if s.cfg.Brokers > 1 {
+	if s.cfg.Brokers > 1 || s.cfg.HA {
 		env = append(env, "RMQTX_BROKER_B_PORT="+strconv.Itoa(ports["BROKER"]+100))
 	}
-	return &Services{env: env, script: filepath.Join(root, "scripts", "services.sh"), runDir: runDir}, nil
+	if s.cfg.HA {
+		env = append(env, "RMQTX_CONTROLLER_PORT="+strconv.Itoa(ports["NAMESRV"]+2))
+	}
+	return &Services{env: env, script: filepath.Join(root, "scripts", "services.sh"), runDir: runDir, names: s.serviceNames()}, nil
+}
+
+// serviceNames are the services.sh services the suite starts and stops:
+// nil for all of them (the private bed), or, on the HA bed, the name server
+// and the replicas only, so that the shared databases are never touched.
+func (s *Suite) serviceNames() []string {
+	if s.cfg.HA {
+		return []string{"namesrv", "n0", "n1"}
+	}
+	return nil
 }
 
 // Main is the suite's TestMain: it starts the private services, points
@@ -252,12 +282,12 @@ func (s *Suite) Main(m *testing.M) int {
 			return 1
 		}
 	}
-	out, err := svc.Run("up")
+	out, err := svc.Run(append([]string{"up"}, svc.names...)...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: starting the private services failed: %v\n%s\n", name, err, out)
-		logs, _ := svc.Run("logs")
+		logs, _ := svc.Run(append([]string{"logs"}, svc.names...)...)
 		fmt.Fprintln(os.Stderr, logs)
-		_, _ = svc.Run("down")
+		_, _ = svc.Run(append([]string{"down"}, svc.names...)...)
 		return 1
 	}
 	exp, err := svc.exports()
@@ -265,24 +295,10 @@ func (s *Suite) Main(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, name+":", err)
 		return 1
 	}
-	// testenv reads these at first use; the crash children inherit them.
-	// RMQTX_PG_DSN is required too: without it testenv would fall back to
-	// the shared PostgreSQL, which the restarts here must never touch.
-	keys := []string{"RMQTX_MYSQL_ADDR", "RMQTX_MYSQL_USER", "RMQTX_MYSQL_PASSWORD", "RMQTX_PG_DSN", "RMQTX_NAMESRV", "RMQTX_BROKER"}
-	if s.cfg.Brokers > 1 {
-		keys = append(keys, "RMQTX_BROKER_B")
+	if err := s.useServices(exp); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		return 1
 	}
-	for _, k := range keys {
-		if exp[k] == "" {
-			fmt.Fprintf(os.Stderr, "%s: services.sh env printed no %s\n", name, k)
-			return 1
-		}
-		if err := os.Setenv(k, exp[k]); err != nil {
-			fmt.Fprintln(os.Stderr, name+":", err)
-			return 1
-		}
-	}
-	s.BrokerA, s.BrokerB = exp["RMQTX_BROKER"], exp["RMQTX_BROKER_B"]
 	s.Report.servicesUp = time.Since(start)
 	code := m.Run()
 	s.Report.exitCode = code
@@ -294,7 +310,7 @@ func (s *Suite) Main(m *testing.M) int {
 		}
 	}
 	if !*s.keep {
-		if out, err := svc.Run("down"); err != nil {
+		if out, err := svc.Run(append([]string{"down"}, svc.names...)...); err != nil {
 			fmt.Fprintf(os.Stderr, "%s: stopping the private services: %v\n%s\n", name, err, out)
 		}
 		if removeDir {
@@ -308,6 +324,85 @@ func (s *Suite) Main(m *testing.M) int {
 	return code
 }
 
+// useServices points testenv at the services services.sh started (exp is
+// what `services.sh env` printed) and sets BrokerA, BrokerB and, on the HA
+// bed, Namesrv and Controller.
+func (s *Suite) useServices(exp map[string]string) error {
+	// testenv reads these at first use; the crash children inherit them.
+	// RMQTX_PG_DSN is required too: without it testenv would fall back to
+	// the shared PostgreSQL, which the restarts here must never touch.
+	keys := []string{"RMQTX_MYSQL_ADDR", "RMQTX_MYSQL_USER", "RMQTX_MYSQL_PASSWORD", "RMQTX_PG_DSN", "RMQTX_NAMESRV", "RMQTX_BROKER"}
+	if s.cfg.Brokers > 1 {
+		keys = append(keys, "RMQTX_BROKER_B")
+	}
+	if s.cfg.HA {
+		// The databases stay testenv's (shared); the collector, producers
+		// and consumers find the replica set through the HA name server.
+		keys = []string{"RMQTX_NAMESRV", "RMQTX_CONTROLLER", "RMQTX_HA_N0", "RMQTX_HA_N1"}
+	}
+	for _, k := range keys {
+		if exp[k] == "" {
+			return fmt.Errorf("services.sh env printed no %s", k)
+		}
+	}
+	if s.cfg.HA {
+		s.Namesrv, s.Controller, s.BrokerA, s.BrokerB = exp["RMQTX_NAMESRV"], exp["RMQTX_CONTROLLER"], exp["RMQTX_HA_N0"], exp["RMQTX_HA_N1"]
+		master := s.HAMaster()
+		if master == "" {
+			return errors.New("the controller names no master after up")
+		}
+		for k, v := range map[string]string{"RMQTX_NAMESRV": s.Namesrv, "RMQTX_BROKER": s.Node(master)} {
+			if err := os.Setenv(k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, k := range keys {
+		if err := os.Setenv(k, exp[k]); err != nil {
+			return err
+		}
+	}
+	s.BrokerA, s.BrokerB = exp["RMQTX_BROKER"], exp["RMQTX_BROKER_B"]
+	return nil
+}
+
+// Node is the address of the HA bed's replica n ("n0" or "n1"), "" for
+// another name.
+func (s *Suite) Node(n string) string {
+	switch n {
+	case "n0":
+		return s.BrokerA
+	case "n1":
+		return s.BrokerB
+	}
+	return ""
+}
+
+// HAState runs the controller probe services.sh built for the HA bed
+// (internal/tools/hastate) with args after the bed's own (controller,
+// broker name, nodes); its output names the master ("master=n0 ...") and
+// each node's role, and it exits non-zero while a node is down or a wait
+// (-wait-in-sync) is not met.
+func (s *Suite) HAState(args ...string) (string, error) {
+	if s.private == nil || !s.cfg.HA {
+		return "", errors.New("testbed: HAState needs the suite's HA bed (SuiteConfig.HA, started by Main)")
+	}
+	base := []string{"-controller", s.Controller, "-broker-name", "broker-a", "-node", "n0=" + s.BrokerA, "-node", "n1=" + s.BrokerB}
+	out, err := exec.Command(filepath.Join(s.private.runDir, "bin", "hastate"), append(base, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// HAMaster returns the replica the controller made master ("n0" or "n1"),
+// or "" when it names none (or cannot be asked) within 5 s.
+func (s *Suite) HAMaster() string {
+	out, err := s.HAState("-master-only", "-timeout", "5s")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(out)
+}
+
 // Private returns the suite's private services, failing t outside a run
 // started by Main (the tests that stop a service need them).
 func (s *Suite) Private(t testing.TB) *Services {
@@ -318,12 +413,21 @@ func (s *Suite) Private(t testing.TB) *Services {
 
 // MustService runs one services.sh command (kill9 or down) and fails t on
 // an error.
-func (s *Suite) MustService(t testing.TB, args ...string) {
+func (s *Suite) MustService(t testing.TB, args ...string) string {
 	t.Helper()
 	start := time.Now()
 	out, err := s.Private(t).Run(args...)
 	require.NoError(t, err, "services.sh %v:\n%s", args, out)
 	t.Logf("services.sh %v took %s", args, time.Since(start).Round(100*time.Millisecond))
+	return out
+}
+
+// routedBrokers is the number of broker names a bed's topic is routed on.
+func (s *Suite) routedBrokers() int {
+	if s.cfg.HA {
+		return 1 // n0 and n1 are both broker-a
+	}
+	return s.cfg.Brokers
 }
 
 // MustComeBack restarts service and fails the test with a failure of its
@@ -343,11 +447,11 @@ func (s *Suite) MustComeBack(t testing.TB, service string) {
 	t.Logf("services.sh up %s took %s", service, time.Since(start).Round(100*time.Millisecond))
 }
 
-// KeepUp makes sure, when t ends, that service runs again for the next
-// tests, whatever happened.
-func (s *Suite) KeepUp(t testing.TB, service string) {
+// KeepUp makes sure, when t ends, that the services run again for the
+// next tests, whatever happened.
+func (s *Suite) KeepUp(t testing.TB, services ...string) {
 	svc := s.Private(t)
-	t.Cleanup(func() { _, _ = svc.Run("up", service) })
+	t.Cleanup(func() { _, _ = svc.Run(append([]string{"up"}, services...)...) })
 }
 
 // StopPostgresImmediate stops the private PostgreSQL the way `pg_ctl stop
@@ -403,11 +507,16 @@ func (s *Suite) PostgresLogSince(t testing.TB, off int64) string {
 	return string(b)
 }
 
-// BrokerName names the private broker at addr as services.sh does.
+// BrokerName names the private broker at addr as services.sh does (on the
+// HA bed: the replica, n0 or n1).
 func (s *Suite) BrokerName(addr string) string {
 	switch {
 	case addr == "":
 		return ""
+	case s.cfg.HA && addr == s.BrokerA:
+		return "n0"
+	case s.cfg.HA && addr == s.BrokerB:
+		return "n1"
 	case addr == s.BrokerA:
 		return "broker-a"
 	case addr == s.BrokerB:

@@ -165,6 +165,7 @@ func NewConsumer(t testing.TB, b *Broker, cfg consumer.Config) *consumer.Consume
 // consumerConfig is NewConsumer's cfg with the kit's values filled in.
 func consumerConfig(t testing.TB, b *Broker, cfg consumer.Config) consumer.Config {
 	cfg.NameServers = b.NameServers()
+	//lint:ignore SA1019 a Config in the deprecated form still works: its group must not get a second one
 	if cfg.Group == "" && cfg.ProcessorConfig.Group == "" {
 		cfg.Group = kitName(t, "consumer")
 	}

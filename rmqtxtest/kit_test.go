@@ -112,6 +112,7 @@ func TestKitConsumerConfigDefaults(t *testing.T) {
 	// A Config in the deprecated form keeps its group there: setting the
 	// flat Group too would be refused.
 	old := consumerConfig(t, b, consumer.Config{Topic: "t",
+		//lint:ignore SA1019 the deprecated form is what this case checks
 		ProcessorConfig: consumer.ProcessorConfig{Group: "old", DB: kitNoDB(), Routes: routes}})
 	require.Empty(t, old.Group)
 	_, err = consumer.New(old)

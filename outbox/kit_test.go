@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -74,7 +75,10 @@ func kitEachDB(t *testing.T, queues int, body func(t *testing.T, k *kitBed)) {
 // FailNextSend is one failed attempt the dispatcher sees).
 func (k *kitBed) dispatcher(t *testing.T, held bool) *outbox.Dispatcher {
 	t.Helper()
-	rs := rmqtxtest.NewSink(t, k.b, outbox.RocketMQConfig{Retries: -1})
+	// A generous send timeout: these tests are about the claim strategies,
+	// and under -race on a loaded machine a send to the in-process broker
+	// can take longer than the kit's 1 s, which would add a RETRY.
+	rs := rmqtxtest.NewSink(t, k.b, outbox.RocketMQConfig{Retries: -1, SendTimeout: 15 * time.Second})
 	var sink outbox.Sink = rs
 	if !held {
 		sink = plainSink{rs}
@@ -142,6 +146,17 @@ func (k *kitBed) statuses(id string) []outbox.Status {
 	return st
 }
 
+// errs returns the errors of id's outcomes, for a failure message.
+func (k *kitBed) errs(id string) []error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var es []error
+	for _, o := range k.outcomes[id] {
+		es = append(es, o.Err)
+	}
+	return es
+}
+
 // copies counts the messages of k's topic per event id.
 func (k *kitBed) copies() map[string]int {
 	n := map[string]int{}
@@ -185,10 +200,20 @@ func TestKitDispatcherSendsEveryRowOnce(t *testing.T) {
 				require.Len(t, copies, len(ids))
 				for _, id := range ids {
 					require.Equal(t, 1, copies[id], "copies of %s", id)
-					require.Equal(t, []outbox.Status{outbox.StatusSent}, k.statuses(id), "outcomes of %s", id)
+					// The client's first concurrent sends to a topic can race
+					// on its route cache and fail with "no route" (a RETRY the
+					// dispatcher sends again): allowed once, for that reason only.
+					st, errs := k.statuses(id), k.errs(id)
+					retries := 0
+					if len(st) == 2 && st[0] == outbox.StatusRetry && errors.Is(errs[0], outbox.ErrNoRoute) {
+						retries = 1
+						t.Logf("%s: first send met the client's route race: %v", id, errs[0])
+					}
+					require.Equal(t, outbox.StatusSent, st[len(st)-1], "outcomes of %s: %v", id, errs)
+					require.Len(t, st, retries+1, "outcomes of %s: %v", id, errs)
 					row, err := k.table.Get(context.Background(), k.db, id)
 					require.NoError(t, err)
-					require.Zero(t, row.RetryCount)
+					require.Equal(t, retries, row.RetryCount)
 					require.False(t, row.SentAt.IsZero())
 				}
 				// Per aggregate: one queue, versions in order.

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
@@ -76,6 +77,24 @@ func NewProducer(cfg ProducerConfig) (Producer, error) {
 // plainProducer is the client's Producer with SendBatch.
 type plainProducer struct {
 	rocketmq.Producer
+}
+
+// SendSync sends msgs once more when the client reports no route for the
+// topic ("route info not found"): rocketmq-client-go's first concurrent
+// sends to a topic race on its route cache (no upstream issue found:
+// defaultProducer.tryToFindTopicPublishInfo lets a goroutine that loses the
+// race see no route although the name server has one), so a dispatcher
+// starting on a new topic saw some of its first sends fail. The second
+// call finds the route the first one loaded; for a topic that does not
+// exist it fails the same way. Without client retries (the outbox's
+// default) nothing reached a broker before that error; with them a resend
+// is a duplicate of the same message, which consumers absorb.
+func (p plainProducer) SendSync(ctx context.Context, msgs ...*Message) (*SendResult, error) {
+	res, err := p.Producer.SendSync(ctx, msgs...)
+	if err != nil && ctx.Err() == nil && strings.Contains(err.Error(), "route info not found") {
+		res, err = p.Producer.SendSync(ctx, msgs...)
+	}
+	return res, err
 }
 
 // SendBatch works around the client's batch encoding: it gives the

@@ -3,7 +3,6 @@ package remoting
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -79,26 +78,11 @@ func ParseRoute(body []byte) ([]RouteBroker, error) {
 // counts, from the first name server that answers. A topic the name server
 // does not know gives an error wrapping ErrTopicNotFound.
 func TopicRoute(ctx context.Context, nameServers []string, timeout time.Duration, topic string) ([]RouteBroker, error) {
-	var lastErr error
-	for _, ns := range nameServers {
-		h, body, err := RoundTrip(ctx, ns, timeout, ReqGetRouteInfo, map[string]string{"topic": topic})
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		if h.Code == ResTopicNotExist {
-			return nil, fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
-		}
-		if h.Code != ResSuccess {
-			lastErr = fmt.Errorf("remoting: route of %s: code %d: %s", topic, h.Code, h.Remark)
-			continue
-		}
-		return ParseRoute(body)
+	body, err := routeBody(ctx, nameServers, timeout, topic)
+	if err != nil {
+		return nil, err
 	}
-	if lastErr == nil {
-		lastErr = errors.New("remoting: no name server configured")
-	}
-	return nil, lastErr
+	return ParseRoute(body)
 }
 
 // ProducerConnections returns the client ids of group's producer instances

@@ -125,6 +125,27 @@ var addrEntryRE = regexp.MustCompile(`"?(\d+)"?\s*:\s*"([^"]+)"`)
 // the first name server that answers (GET_ROUTEINFO_BY_TOPIC). A topic the
 // name server does not know gives an error wrapping ErrTopicNotFound.
 func MasterBrokers(ctx context.Context, nameServers []string, timeout time.Duration, topic string) ([]string, error) {
+	body, err := routeBody(ctx, nameServers, timeout, topic)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range brokerAddrsRE.FindAllSubmatch(body, -1) {
+		for _, e := range addrEntryRE.FindAllSubmatch(m[1], -1) {
+			if string(e[1]) == "0" { // master
+				out = append(out, string(e[2]))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// routeBody returns topic's route (GET_ROUTEINFO_BY_TOPIC's body) from the
+// first name server that answers. A topic the name server does not know
+// gives an error wrapping ErrTopicNotFound at once; another failure moves
+// on to the next name server, and the last one's error is returned.
+func routeBody(ctx context.Context, nameServers []string, timeout time.Duration, topic string) ([]byte, error) {
 	var lastErr error
 	for _, ns := range nameServers {
 		h, body, err := RoundTrip(ctx, ns, timeout, ReqGetRouteInfo, map[string]string{"topic": topic})
@@ -139,16 +160,7 @@ func MasterBrokers(ctx context.Context, nameServers []string, timeout time.Durat
 			lastErr = fmt.Errorf("remoting: route of %s: code %d: %s", topic, h.Code, h.Remark)
 			continue
 		}
-		var out []string
-		for _, m := range brokerAddrsRE.FindAllSubmatch(body, -1) {
-			for _, e := range addrEntryRE.FindAllSubmatch(m[1], -1) {
-				if string(e[1]) == "0" { // master
-					out = append(out, string(e[2]))
-				}
-			}
-		}
-		sort.Strings(out)
-		return out, nil
+		return body, nil
 	}
 	if lastErr == nil {
 		lastErr = errors.New("remoting: no name server configured")

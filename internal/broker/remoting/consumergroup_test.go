@@ -39,17 +39,20 @@ func TestConsumerGroupState(t *testing.T) {
 	if _, err := testenv.Producer(t).SendSync(ctx, primitive.NewMessage(topic, []byte("x"))); err != nil {
 		t.Fatalf("send: %v", err)
 	}
+	// The broker dispatches a stored message to its consume queue
+	// asynchronously: wait until the queues show it.
 	var end int64
-	for q := 0; q < 2; q++ {
-		n, err := remoting.MaxOffset(ctx, s.Broker, timeout, topic, q)
-		if err != nil {
-			t.Fatalf("max offset of queue %d: %v", q, err)
+	testenv.Eventually(t, 10*time.Second, "the topic's queues to end at 1 in all (one message)", func() bool {
+		end = 0
+		for q := 0; q < 2; q++ {
+			n, err := remoting.MaxOffset(ctx, s.Broker, timeout, topic, q)
+			if err != nil {
+				t.Fatalf("max offset of queue %d: %v", q, err)
+			}
+			end += n
 		}
-		end += n
-	}
-	if end != 1 {
-		t.Fatalf("the topic's queues end at %d in all, want 1 (one message)", end)
-	}
+		return end == 1
+	})
 
 	gate := pushstop.New(group, []string{s.NameServer})
 	var got atomic.Int32

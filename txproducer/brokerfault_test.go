@@ -332,14 +332,16 @@ func (f *faultBed) testHalfNeverStored(t *testing.T) {
 // Halves are stored, their Sends held inside the local transaction; the
 // broker is killed, the transactions end (two commit, two roll back; their
 // END_TRANSACTION is lost with the broker), and the broker restarts with
-// the four halves pending. The producer notices the broker coming back
-// (BrokerWatchInterval) and registers with it at once, so the broker's
-// checks reach it and are answered from the txlog before the broker gives
-// up on the halves (the client's own heartbeat, every 30 s, used to leave
-// the broker without a channel for the group until the short test settings
-// discarded them). The raw collector judges: both commits arrive, each
-// stored once, and neither rollback arrives; no half reaches the broker's
-// discard topic or discard recovery. How long the checks took is reported.
+// the four halves pending. The producer, with the default
+// BrokerWatchInterval, learns of the kill from its idle connection to the
+// broker, dials it every 100 ms and registers at the first accepted
+// connection, so the broker's checks reach it and every half is answered by
+// a check from the txlog before the broker gives up on it (the client's own
+// heartbeat, every 30 s, used to leave the broker without a channel for the
+// group until the short test settings discarded them). The raw collector
+// judges: both commits arrive, each stored once, and neither rollback
+// arrives; no half reaches the broker's discard topic or discard recovery.
+// How long the checks took is reported.
 func (f *faultBed) testRestartWithPendingHalves(t *testing.T) {
 	conf := f.broker.settings(t)
 	interval, err := strconv.Atoi(conf["transactionCheckInterval"])
@@ -354,7 +356,6 @@ func (f *faultBed) testRestartWithPendingHalves(t *testing.T) {
 	answeredAt := map[string]time.Time{} // first COMMIT or ROLLBACK per event
 	cfg := f.config()
 	cfg.Group = testenv.Name(t, "pg")
-	cfg.BrokerWatchInterval = 500 * time.Millisecond
 	cfg.Logger = testLogger(t)
 	cfg.DisableRecovery, cfg.RecoveryStartRetry = false, time.Second
 	cfg.OnCheck = func(a checkback.Answer) {
@@ -423,6 +424,7 @@ func (f *faultBed) testRestartWithPendingHalves(t *testing.T) {
 		require.Zero(t, f.coll.Snapshot().Counts[id], "%s arrived before the broker checked its half", id)
 	}
 
+	began := time.Now()
 	usable := f.broker.restart(t)
 	// The broker gives up on a half after transactionCheckMax unanswered
 	// checks, one interval apart; a commit not answered by then never
@@ -433,11 +435,22 @@ func (f *faultBed) testRestartWithPendingHalves(t *testing.T) {
 	f.awaitArrival(t, committed...)
 	t.Logf("the commits at the collector %s after the broker was usable (check interval %s, max %d checks)",
 		time.Since(usable).Round(10*time.Millisecond), checkInterval, checkMax)
+	// Every half is decided by a check this producer answered: the rollbacks
+	// too (the broker checks them until an answer, or gives up).
+	testenv.Eventually(t, time.Duration(checkMax+2)*checkInterval, "a check answered for every pending half", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if _, ok := answeredAt[id]; !ok {
+				return false
+			}
+		}
+		return true
+	})
 	mu.Lock()
 	for _, id := range ids {
-		if at, ok := answeredAt[id]; ok {
-			t.Logf("%s: the producer answered its check %s after the broker was usable", id, at.Sub(usable).Round(10*time.Millisecond))
-		}
+		t.Logf("%s: the producer answered its check %s after the broker's restart began (usable after %s)", id,
+			answeredAt[id].Sub(began).Round(10*time.Millisecond), usable.Sub(began).Round(10*time.Millisecond))
 	}
 	mu.Unlock()
 

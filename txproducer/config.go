@@ -111,16 +111,19 @@ type Config struct {
 	// Default none.
 	WarmupTopics []string
 	// BrokerWatchInterval is how often the producer asks the name server
-	// for the cluster's master brokers: one GET_BROKER_CLUSTER_INFO per
-	// interval, and nothing else while no master is away. A master that
-	// left the list (the name server drops a broker whose connection
-	// closes) is dialled once per interval until it accepts connections
-	// again; then, or when a master appears, this instance heartbeats it
-	// at once and asks whether it is listed. Without this a restarted
-	// broker knows no instance of the group until the client's next
-	// heartbeat (up to 30 s), and its checks in between fail and count
-	// toward transactionCheckMax. Default 2 s; keep it below the brokers'
-	// transactionCheckInterval. Negative: do not watch. See rejoin.go.
+	// for the cluster's brokers (one GET_BROKER_CLUSTER_INFO) while all is
+	// well. It is the fallback: the producer also holds one idle
+	// connection to every master, learns at once when a master's closes,
+	// then dials it every 100 ms and, on the first accepted connection (a
+	// restarted broker accepts before its first check pass), heartbeats it
+	// directly and asks whether it lists this instance. While a master is
+	// away it asks the name server every 500 ms, so a slave the controller
+	// promotes is seen within a second; it heartbeats the slaves every
+	// 30 s, so a promoted slave lists this instance already. Without this
+	// a restarted or promoted broker knows no instance of the group until
+	// the client's next route refresh and heartbeat (up to 30 s), and its
+	// checks in between fail and count toward transactionCheckMax. Default
+	// 2 s. Negative: do not watch. See rejoin.go.
 	BrokerWatchInterval time.Duration
 	// DisableRecovery does not start discard recovery (discard.Recovery)
 	// with the producer. Default false.

@@ -3,7 +3,10 @@ package txproducer
 import (
 	"context"
 	"net"
+	"sync"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/rmqtx/rmqtx/internal/broker"
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
@@ -13,50 +16,68 @@ import (
 //
 // A broker sends checks only over connections of instances that registered
 // with it by heartbeat, and a restarted broker has lost every one of them.
-// rocketmq-client-go heartbeats every 30 s, so for up to 30 s after a
-// restart the broker finds no channel for the group's pending halves
-// ("Check transaction failed, channel is null"), each failed check counts
-// toward transactionCheckMax, and with short check settings the broker
-// discards halves that a check would have resolved: discard recovery then
-// republishes the committed ones, up to a minute late.
+// rocketmq-client-go heartbeats every 30 s, and only the masters in its
+// route table, so without the watcher:
+//   - for up to 30 s after a restart the broker finds no channel for the
+//     group's pending halves ("Check transaction failed, channel is null"),
+//     each failed check counts toward transactionCheckMax, and with short
+//     check settings the broker discards halves that a check would have
+//     resolved (discard recovery then republishes the committed ones, late);
+//   - a slave that the controller promotes to master (RocketMQ 5 controller
+//     mode) knows no instance of the group until the clients learn the new
+//     route (up to 30 s) and heartbeat it.
 //
-// Detection. The name server drops a broker whose connection closes (a
-// kill, a shutdown, a crash the operating system sees), so the watcher asks
-// it for the cluster's masters once per BrokerWatchInterval (one
-// GET_BROKER_CLUSTER_INFO) and notes a master that left. But a restarted
-// broker checks halves before the name server lists it again: RocketMQ
-// 5.3.3, restarted after a kill -9, ran its first checks 2 s after it
-// started and registered with the name server 10 s after (its first
-// registration found no name server available yet and waited for the
-// next, 10 s later), by which time the test bed's five checks 2 s apart
-// had discarded every pending half. So while a master is away the watcher
-// tries to open a TCP connection to it at each poll (refused at once while
-// it is down), and treats an accepted connection as its return: the broker
-// accepts connections before it starts checking. A master that the name
-// server lists and did not list at the previous poll (a new broker, or one
-// whose absence the dials did not see) counts as returned too. Nothing but
-// the one name-server request per poll is sent while no master is away.
+// What the watcher does, by event rather than by timer where it can:
+//   - It holds one idle TCP connection (a sentinel) to every master. A
+//     master that dies (kill, crash, shutdown) closes it, and the watcher
+//     learns at once, not at its next poll. It then dials the master every
+//     fastInterval (refused at once while it is down) and treats an
+//     accepted connection as its return: a restarted RocketMQ 5.3.3 broker
+//     accepts connections before its first check pass (about one
+//     transactionCheckInterval after it starts) and registers with the name
+//     server only seconds later, so reacting to the first accepted
+//     connection is what registers this instance before the broker checks.
+//   - On a return, or when the name server lists a master it did not list
+//     before (a promotion, a new broker), it heartbeats that broker directly
+//     over the client's own connection (broker.TxProducer.HeartbeatBroker:
+//     the client's route table may have dropped the broker), refreshes the
+//     client's routes so Sends follow, and asks the broker whether it lists
+//     this instance; one that does not yet is tried again every
+//     fastInterval, for at most rejoinFor.
+//   - It registers with every slave too (at once when one appears, then
+//     every slaveBeatEvery, within the broker's 120 s channel expiry), so a
+//     promoted slave already lists this instance when it starts checking.
+//   - While a master is away, or a return is not yet registered, it asks
+//     the name server every fastPoll, to see a promotion promptly; else once
+//     per BrokerWatchInterval (one GET_BROKER_CLUSTER_INFO), the fallback
+//     that also sees a master whose sentinel could not tell (a frozen or
+//     partitioned host keeps its connections open).
 //
-// On a return the watcher refreshes the client's routes (in a cluster the
-// client may have dropped the broker while it was away, and then knows it
-// again only once the name server lists it), heartbeats at once, and asks
-// the broker whether it lists this instance; one that does not yet is
-// tried again at each poll, for at most rejoinFor, after which the client's
-// own heartbeat has had its turn. The client has no public call for either
-// step (the seam reaches it, see broker.TxProducer).
-//
-// Not seen: a broker that restarts before the name server notices it was
-// gone (a host that reboots without closing its connections, within the
-// name server's 120 s broker expiry), and one away longer than awayFor (it
-// counts as returned when the name server lists it again). The client's own
+// The broker closes a connection idle for 120 s; a sentinel closed that
+// way is reopened at once and nothing else happens. Not seen: a master
+// that restarts before its sentinel's connection notices (a host that
+// reboots without closing its connections): the poll or the client's own
 // heartbeat registers the instance there.
 
-// rejoinFor bounds how long a broker that returned is heartbeated again at
-// each poll until it lists this instance: the client's heartbeat period.
+// fastInterval is how often, while a master is away or a return is not yet
+// registered, the watcher dials the away masters and heartbeats the
+// returned ones.
+const fastInterval = 100 * time.Millisecond
+
+// fastPoll is how often the watcher asks the name server for the masters
+// while one is away: a promoted slave registers there within a second.
+const fastPoll = 500 * time.Millisecond
+
+// slaveBeatEvery is how often the watcher heartbeats the slaves (the broker
+// expires a producer channel after 120 s without a heartbeat).
+const slaveBeatEvery = 30 * time.Second
+
+// rejoinFor bounds how long a broker that returned is heartbeated again
+// until it lists this instance: the client's heartbeat period.
 const rejoinFor = 30 * time.Second
 
-// awayFor bounds how long a master that left the cluster is dialled at each
-// poll: a broker removed for good is not dialled forever.
+// awayFor bounds how long a master that left is dialled: a broker removed
+// for good is not dialled forever.
 const awayFor = 10 * time.Minute
 
 // watcher is the goroutine of watchBrokers.
@@ -65,8 +86,8 @@ type watcher struct {
 	done   chan struct{}
 }
 
-// stop ends the watcher and waits for it (a heartbeat in progress is
-// bounded by the client's 3 s per broker).
+// stop ends the watcher and waits for it and its sentinels (a heartbeat in
+// progress is bounded by SendTimeout).
 func (w *watcher) stop() {
 	if w == nil {
 		return
@@ -91,64 +112,223 @@ func (p *Producer) watchBrokers(tp broker.TxProducer, known []string) *watcher {
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
-		p.watch(ctx, tp, known)
+		s := &watchState{p: p, tp: tp, ctx: ctx, lost: make(chan string, 16),
+			view: map[string]bool{}, sentinels: map[string]bool{}, away: map[string]time.Time{},
+			pending: map[string]time.Time{}, slaves: map[string]bool{},
+			l: p.cfg.Logger.WithField("group", p.cfg.Group)}
+		defer s.wg.Wait()
+		s.run(known)
 	}()
 	return w
 }
 
-func (p *Producer) watch(ctx context.Context, tp broker.TxProducer, known []string) {
-	l := p.cfg.Logger.WithField("group", p.cfg.Group)
-	view := map[string]bool{}
+// watchState is the watcher goroutine's state; only that goroutine uses it
+// (the sentinels report over lost).
+type watchState struct {
+	p    *Producer
+	tp   broker.TxProducer
+	ctx  context.Context
+	l    logrus.FieldLogger
+	lost chan string    // a sentinel's connection closed
+	wg   sync.WaitGroup // the sentinels
+
+	view      map[string]bool      // the masters the name server listed last
+	haveView  bool                 // view came from Start or a poll
+	sentinels map[string]bool      // masters with a sentinel running
+	away      map[string]time.Time // master -> since it went away
+	pending   map[string]time.Time // master -> since it returned, until it lists this instance
+	slaves    map[string]bool      // the slaves the name server listed last
+	lastPoll  time.Time
+	lastSlave time.Time
+}
+
+func (s *watchState) run(known []string) {
 	for _, a := range known {
-		view[a] = true
+		s.view[a] = true
 	}
-	haveView := known != nil
-	away := map[string]time.Time{}    // master -> when the name server stopped listing it
-	pending := map[string]time.Time{} // master -> when it returned, until it lists this instance
-	returned := func(addr, how string) {
-		delete(away, addr)
-		if _, ok := pending[addr]; !ok {
-			pending[addr] = time.Now()
-			l.WithField("broker", addr).Info("txproducer: a master broker " + how + "; registering this instance with it now")
-		}
+	s.haveView = known != nil
+	for a := range s.view {
+		s.watch(a)
 	}
-	t := time.NewTicker(p.cfg.BrokerWatchInterval)
+	s.poll() // the slaves (and a view when Start had none)
+	t := time.NewTimer(s.next())
 	defer t.Stop()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-s.ctx.Done():
 			return
+		case a := <-s.lost:
+			s.sentinelClosed(a)
 		case <-t.C:
+			s.tick()
 		}
-		if masters, err := remoting.ClusterMasters(ctx, p.cfg.NameServers, p.cfg.SendTimeout); err == nil {
-			next := make(map[string]bool, len(masters))
-			for _, a := range masters {
-				next[a] = true
-				if haveView && !view[a] {
-					returned(a, "appeared in the cluster")
-				}
-			}
-			for a := range view {
-				if _, ok := away[a]; !next[a] && !ok {
-					away[a] = time.Now()
-					delete(pending, a)
-					l.WithField("broker", a).Info("txproducer: a master broker left the cluster; watching for its return")
-				}
-			}
-			view, haveView = next, true
-		}
-		for a, since := range away {
-			switch {
-			case accepts(ctx, a, p.cfg.SendTimeout):
-				returned(a, "accepts connections again")
-			case time.Since(since) >= awayFor:
-				delete(away, a)
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
 			}
 		}
-		if len(pending) > 0 && ctx.Err() == nil {
-			p.rejoin(ctx, tp, pending)
+		t.Reset(s.next())
+	}
+}
+
+// busy: a master is away or a return is not yet registered.
+func (s *watchState) busy() bool { return len(s.away) > 0 || len(s.pending) > 0 }
+
+func (s *watchState) next() time.Duration {
+	if s.busy() {
+		return fastInterval
+	}
+	if d := s.p.cfg.BrokerWatchInterval - time.Since(s.lastPoll); d > 0 {
+		return d
+	}
+	return 0
+}
+
+func (s *watchState) tick() {
+	every := s.p.cfg.BrokerWatchInterval
+	if s.busy() && fastPoll < every {
+		every = fastPoll
+	}
+	if time.Since(s.lastPoll) >= every {
+		s.poll()
+	}
+	for a, since := range s.away {
+		switch {
+		case accepts(s.ctx, a, s.p.cfg.SendTimeout):
+			s.returned(a, "accepts connections again")
+		case time.Since(since) >= awayFor:
+			delete(s.away, a)
 		}
 	}
+	if len(s.pending) > 0 && s.ctx.Err() == nil {
+		s.rejoin()
+	}
+	if time.Since(s.lastSlave) >= slaveBeatEvery {
+		s.beatSlaves(nil)
+	}
+}
+
+// poll asks the name server for the masters and slaves.
+func (s *watchState) poll() {
+	s.lastPoll = time.Now()
+	masters, slaves, err := remoting.ClusterReplicas(s.ctx, s.p.cfg.NameServers, s.p.cfg.SendTimeout)
+	if err != nil {
+		return
+	}
+	next := make(map[string]bool, len(masters))
+	for _, a := range masters {
+		next[a] = true
+		if s.haveView && !s.view[a] {
+			s.returned(a, "appeared in the cluster")
+		}
+		s.watch(a)
+	}
+	for a := range s.view {
+		if _, ok := s.away[a]; !next[a] && !ok {
+			s.left(a, "left the cluster")
+		}
+	}
+	s.view, s.haveView = next, true
+	fresh := map[string]bool{}
+	for _, a := range slaves {
+		if !s.slaves[a] {
+			fresh[a] = true
+		}
+	}
+	s.slaves = fresh
+	for _, a := range slaves {
+		s.slaves[a] = true
+	}
+	if len(fresh) > 0 {
+		s.beatSlaves(fresh)
+	}
+}
+
+// beatSlaves heartbeats the slaves in only, or all slaves when only is nil.
+func (s *watchState) beatSlaves(only map[string]bool) {
+	if only == nil {
+		s.lastSlave = time.Now()
+		only = s.slaves
+	}
+	for a := range only {
+		if err := s.tp.HeartbeatBroker(s.ctx, a); err != nil && s.ctx.Err() == nil {
+			s.l.WithField("broker", a).WithError(err).Debug("txproducer: heartbeat to a slave failed")
+		}
+	}
+}
+
+// left notes a master that went away.
+func (s *watchState) left(a, how string) {
+	s.away[a] = time.Now()
+	delete(s.pending, a)
+	s.l.WithField("broker", a).Info("txproducer: a master broker " + how + "; watching for its return")
+}
+
+// returned notes a master that came back or appeared, and heartbeats it now.
+func (s *watchState) returned(a, how string) {
+	delete(s.away, a)
+	if _, ok := s.pending[a]; !ok {
+		s.pending[a] = time.Now()
+		s.l.WithField("broker", a).Info("txproducer: a master broker " + how + "; registering this instance with it now")
+	}
+	s.watch(a)
+	s.tp.RefreshRoutes()
+	s.rejoin()
+}
+
+// sentinelClosed: a's sentinel connection closed. A master that accepts a
+// new connection at once is alive (the broker closes idle connections);
+// one that does not is away.
+func (s *watchState) sentinelClosed(a string) {
+	delete(s.sentinels, a)
+	if _, ok := s.away[a]; ok {
+		return
+	}
+	if s.view[a] && s.ctx.Err() == nil {
+		if accepts(s.ctx, a, s.p.cfg.SendTimeout) {
+			s.watch(a)
+			return
+		}
+		s.left(a, "closed its connection")
+		s.poll()
+	}
+}
+
+// watch starts a's sentinel unless one runs or a is away: an idle
+// connection whose close reports a on lost.
+func (s *watchState) watch(a string) {
+	if s.sentinels[a] || s.ctx.Err() != nil {
+		return
+	}
+	if _, ok := s.away[a]; ok {
+		return
+	}
+	dctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.SendTimeout)
+	var d net.Dialer
+	c, err := d.DialContext(dctx, "tcp", a)
+	cancel()
+	if err != nil {
+		return // the poll or the next return starts it
+	}
+	s.sentinels[a] = true
+	s.wg.Add(1)
+	stop := context.AfterFunc(s.ctx, func() { _ = c.Close() })
+	go func() {
+		defer s.wg.Done()
+		defer stop()
+		var b [64]byte
+		for {
+			if _, err := c.Read(b[:]); err != nil {
+				break // the broker never writes to it; any read ends it
+			}
+		}
+		_ = c.Close()
+		select {
+		case s.lost <- a:
+		case <-s.ctx.Done():
+		}
+	}()
 }
 
 // accepts reports whether a TCP connection to addr opens (it is closed at
@@ -165,25 +345,28 @@ func accepts(ctx context.Context, addr string, timeout time.Duration) bool {
 	return true
 }
 
-// rejoin refreshes the client's routes, heartbeats every broker in them,
-// and drops from pending each broker that now lists this instance, or that
-// has been pending for rejoinFor.
-func (p *Producer) rejoin(ctx context.Context, tp broker.TxProducer, pending map[string]time.Time) {
-	tp.RefreshRoutes()
-	tp.Heartbeat()
-	for addr, since := range pending {
-		l := p.cfg.Logger.WithFields(map[string]any{"group": p.cfg.Group, "broker": addr})
-		ids, err := remoting.ProducerConnections(ctx, addr, p.cfg.SendTimeout, p.cfg.Group)
+// rejoin heartbeats every pending broker directly, and drops from pending
+// each that now lists this instance, or that has been pending for
+// rejoinFor.
+func (s *watchState) rejoin() {
+	p := s.p
+	for addr, since := range s.pending {
+		l := s.l.WithField("broker", addr)
+		hbErr := s.tp.HeartbeatBroker(s.ctx, addr)
+		ids, err := remoting.ProducerConnections(s.ctx, addr, p.cfg.SendTimeout, p.cfg.Group)
 		switch {
 		case err == nil && listsInstance(ids, p.cfg.InstanceName):
-			delete(pending, addr)
+			delete(s.pending, addr)
 			l.WithField("after", time.Since(since).Round(time.Millisecond).String()).Info("txproducer: the broker lists this instance again; its checks reach it")
 		case time.Since(since) >= rejoinFor:
-			delete(pending, addr)
+			delete(s.pending, addr)
+			if err == nil {
+				err = hbErr
+			}
 			if err != nil {
 				l = l.WithError(err)
 			}
-			l.Info("txproducer: the broker does not list this instance (none of its topics is on it, or it does not answer); left to the client's heartbeat")
+			l.Info("txproducer: the broker does not list this instance (it does not answer, or refuses the heartbeat); left to the client's heartbeat")
 		}
 	}
 }

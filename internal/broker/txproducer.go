@@ -74,6 +74,14 @@ type TxProducer interface {
 	// the name server now (it does every 30 s). It reports false, having
 	// done nothing, when the client's layout differs.
 	RefreshRoutes() bool
+	// HeartbeatBroker registers this producer's group with the broker at
+	// addr over the client's own connection to it, whatever the broker's
+	// role and whether or not the client's route table holds it: the
+	// broker then sends its checks over that connection, where the client
+	// answers them. Heartbeat cannot do this: the client heartbeats only
+	// the masters of its route table. ErrNoHeartbeat: the client's layout
+	// differs and nothing was sent.
+	HeartbeatBroker(ctx context.Context, addr string) error
 }
 
 // NewTxProducer builds a transactional producer that is not started.
@@ -95,17 +103,21 @@ func NewTxProducer(cfg TxProducerConfig) (TxProducer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return txProducer{tp}, nil
+	return txProducer{TransactionProducer: tp, group: cfg.Group}, nil
 }
 
 // txProducer is the client's TransactionProducer with the calls it lacks.
 type txProducer struct {
 	rocketmq.TransactionProducer
+	group string
 }
 
 func (t txProducer) CanHeartbeat() bool  { return internalClient(t.TransactionProducer) != nil }
 func (t txProducer) Heartbeat() bool     { return heartbeatNow(t.TransactionProducer) }
 func (t txProducer) RefreshRoutes() bool { return refreshRoutes(t.TransactionProducer) }
+func (t txProducer) HeartbeatBroker(ctx context.Context, addr string) error {
+	return heartbeatBroker(ctx, t.TransactionProducer, t.group, addr)
+}
 
 // probeRollback returns a send interceptor that makes the client end a
 // stored warm-up probe (a message with property prop) with ROLLBACK

@@ -18,10 +18,11 @@ type noClient struct{ rocketmq.TransactionProducer }
 // (txproducer), which the upstream-client build runs too.
 func TestTxProducerLeavesAnotherClientAlone(t *testing.T) {
 	for name, tp := range map[string]rocketmq.TransactionProducer{"other": noClient{}, "nil": nil} {
-		p := txProducer{tp}
+		p := txProducer{TransactionProducer: tp, group: "g"}
 		require.False(t, p.CanHeartbeat(), name)
 		require.False(t, p.Heartbeat(), name)
 		require.False(t, p.RefreshRoutes(), name)
+		require.ErrorIs(t, p.HeartbeatBroker(context.Background(), "127.0.0.1:1"), ErrNoHeartbeat, name)
 	}
 }
 

@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,4 +98,64 @@ func TestCreateTopicsCreatesEveryTopic(t *testing.T) {
 	err := broker.CreateTopics(ctx, []string{s.NameServer}, testenv.ClosedAddr(t), 2, a+"_x")
 	require.Error(t, err)
 	require.Contains(t, err.Error(), a+"_x")
+}
+
+// pendingListener leaves every local transaction unknown (its half stays
+// pending) and counts the checks it answers with ROLLBACK.
+type pendingListener struct{ checks atomic.Int32 }
+
+func (l *pendingListener) ExecuteLocalTransaction(*broker.Message) broker.LocalTransactionState {
+	return broker.UnknownState
+}
+
+func (l *pendingListener) CheckLocalTransaction(*broker.MessageExt) broker.LocalTransactionState {
+	l.checks.Add(1)
+	return broker.RollbackMessageState
+}
+
+// HeartbeatBroker registers an instance with a broker that is not in its
+// route table (it published nothing, so the client's own Heartbeat sends
+// nothing), and the broker's checks then reach the instance over that
+// connection: instance A of the group leaves a pending half and shuts down,
+// and instance B, registered only by HeartbeatBroker, answers its check.
+// This is what the producer's broker watcher relies on for a restarted
+// broker the client's routes lost, and for a slave about to be promoted.
+// No database takes part, so it runs once, not on both.
+func TestHeartbeatBrokerRegistersOffRoute(t *testing.T) {
+	s := testenv.Integration(t)
+	topic := testenv.Name(t, "topic")
+	testenv.CreateTopic(t, topic, 1)
+	group := testenv.Name(t, "group")
+	start := func(instance string, l broker.TxListener) broker.TxProducer {
+		tp, err := broker.NewTxProducer(broker.TxProducerConfig{
+			Group: group, InstanceName: instance, NameServers: []string{s.NameServer},
+			SendTimeout: 3 * time.Second, Retries: 2, Listener: l,
+		})
+		require.NoError(t, err)
+		require.NoError(t, tp.Start())
+		return tp
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	b := &pendingListener{}
+	tpB := start(group+"_b", b)
+	t.Cleanup(func() { _ = tpB.Shutdown() })
+	require.True(t, tpB.Heartbeat(), "the client's own heartbeat is reachable")
+	ids, err := remoting.ProducerConnections(ctx, s.Broker, 3*time.Second, group)
+	require.NoError(t, err)
+	require.Empty(t, ids, "B publishes nothing: its own heartbeat reaches no broker")
+
+	tpA := start(group+"_a", &pendingListener{})
+	r, err := tpA.SendMessageInTransaction(ctx, broker.NewMessage(topic, []byte("pending")))
+	require.NoError(t, err)
+	require.Equal(t, broker.UnknownState, r.State, "A's half stays pending")
+	require.NoError(t, tpA.Shutdown())
+
+	require.NoError(t, tpB.HeartbeatBroker(ctx, s.Broker))
+	ids, err = remoting.ProducerConnections(ctx, s.Broker, 3*time.Second, group)
+	require.NoError(t, err)
+	require.Len(t, ids, 1, "the broker lists B after HeartbeatBroker")
+	require.True(t, strings.HasSuffix(ids[0], "@"+group+"_b"), "the broker lists B (client id ip@instance): %v", ids)
+	testenv.Eventually(t, 90*time.Second, "the broker's check of A's half to reach B", func() bool { return b.checks.Load() > 0 })
 }

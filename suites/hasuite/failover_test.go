@@ -18,6 +18,7 @@ import (
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/suites/internal/testbed"
@@ -36,12 +37,12 @@ import (
 //     and records every Send that failed with its RetryAdvice.
 //   - (c) Four Sends are held inside their local transaction with their half
 //     stored on both replicas (allAckInSyncStateSet) at the kill; two commit
-//     and two roll back after it. Their END_TRANSACTION reaches the promoted
-//     master or goes to the dead one, depending on when the producer learns
-//     the new address; then the promoted master must check them. The test
-//     measures the time to the first check answered after the kill (only
-//     the promoted master runs then) and says, per held half, whether its
-//     END, a check or discard recovery decided it.
+//     and two roll back after it, and their END_TRANSACTION is lost
+//     (Test.LoseEnd). Before the kill the slave must already list the
+//     group's producer instances (their broker watchers heartbeat slaves);
+//     after it, each held half must be decided by a check the promoted
+//     master sent and the txlog answered, not by discard recovery. The test
+//     measures the time to the first check answered after the kill.
 //   - (b) The old master is started again: it must rejoin as slave, in the
 //     sync state set, with the promoted master staying master.
 //
@@ -81,7 +82,18 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 	t.Logf("before the kill:\n%s", out)
 
 	p1, p2 := b.StartProducer(t, "p1", nil), b.StartProducer(t, "p2", nil)
-	p3 := b.StartProducer(t, "p3", nil) // the held Sends
+	// The held Sends (below): their END_TRANSACTION is lost whatever
+	// happens (Test.LoseEnd), so only a check of the promoted master, or
+	// discard recovery, can decide their halves.
+	var heldMu sync.Mutex
+	heldIDs := map[string]bool{}
+	p3 := b.StartProducer(t, "p3", func(c *txproducer.Config) {
+		c.Test.LoseEnd = func(id string) bool {
+			heldMu.Lock()
+			defer heldMu.Unlock()
+			return heldIDs[id]
+		}
+	})
 	probe := b.StartProducer(t, "probe", nil)
 	b.StartConsumer(t, "c1")
 	b.StartConsumerWith(t, "c2-batch", func(c *consumer.Config) { c.BatchTransaction, c.BatchSize = true, 8 })
@@ -111,6 +123,9 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 	entered := make(chan string, 4)
 	for i := 0; i < 4; i++ {
 		id, rollback := wire.NewEventID(), i >= 2
+		heldMu.Lock()
+		heldIDs[id] = true
+		heldMu.Unlock()
 		a := &testbed.Attempt{ID: id, Source: "tx", Rollback: rollback}
 		b.Record(a)
 		held = append(held, id)
@@ -139,6 +154,16 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 			require.True(t, halfOn(suite.Node(n), id), "the held half %s is stored on %s (%s)", id, n, suite.Node(n))
 		}
 	}
+
+	// The slave already lists every producer instance of the group: each
+	// instance's broker watcher heartbeats the slaves, so the slave, once
+	// promoted, has a channel for its checks from its first check pass.
+	testenv.Eventually(t, 60*time.Second, "the slave "+f.newMaster+" to list the group's four producer instances", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ids, err := remoting.ProducerConnections(ctx, suite.Node(f.newMaster), 3*time.Second, b.PGroup)
+		return err == nil && len(ids) >= 4
+	})
 
 	okAtKill, errsAtKill := l.OK.Load(), l.Errs.Load()
 	out = suite.MustService(t, "kill9", "master")
@@ -179,30 +204,15 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 		}
 	}
 
-	// The held halves: decided by the producer's own END_TRANSACTION when
-	// it reached the promoted master (rmqtx ends a keyed commit itself at
-	// the master of the half's broker name; the client's one-way rollback
-	// goes to the address it has), by a check of the promoted master when
-	// the END went to the dead one, or by discard recovery when the broker
-	// gave the half up first. Only the promoted master runs until the
-	// restart below, so every check answered now is its. A committed half
-	// is decided once the collector has its event; a rolled-back one shows
-	// nothing when its END reached the broker: without a check or recovery
-	// within 30 s (a check pass every 2 s, a half checked from 3 s of age),
-	// the END did it.
+	// The held halves: their END was lost (Test.LoseEnd), so each must be
+	// decided by a check of the promoted master (only it runs until the
+	// restart below, so every check answered now is its), not by discard
+	// recovery after the broker gave it up.
 	by := map[string]string{}
-	endBy := time.Now().Add(30 * time.Second)
-	testenv.Eventually(t, 100*time.Second, "the held halves decided by an END, a check or recovery", func() bool {
-		snap := b.Coll.Snapshot()
-		for i, id := range held {
+	testenv.Eventually(t, 100*time.Second, "the held halves decided by a check or recovery", func() bool {
+		for _, id := range held {
 			if by[id] == "" {
 				by[id] = decidedAfter(b, id, killedAt)
-			}
-			if by[id] == "" && i < 2 && snap.Counts[id] > 0 {
-				by[id] = "end (committed without a check)"
-			}
-			if by[id] == "" && i >= 2 && time.Now().After(endBy) {
-				by[id] = "end (no check within 30 s)"
 			}
 			if by[id] == "" {
 				return false
@@ -210,6 +220,13 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 		}
 		return true
 	})
+	for i, id := range held {
+		want := "check commit"
+		if i >= 2 {
+			want = "check rollback"
+		}
+		assert.Equal(t, want, by[id], "held half %s: decided by the promoted master's check", id)
+	}
 	first, ok := b.FirstAnswerAfter(killedAt)
 	if ok {
 		f.firstCheck = first.Sub(killedAt)

@@ -63,7 +63,10 @@ func TestSlaveKilledUnderLoad(t *testing.T) {
 // frozen slave's copy until the controller drops it after
 // haMaxTimeSlaveNotCatchup: this is where a SYNC_MASTER answers
 // FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE for a stored half and the
-// client rolls it back (ErrForcedRollback). Same assertions and figures.
+// client rolls it back (ErrForcedRollback): the bed's slaveTimeout (2 s)
+// is below the client's 3 s send timeout, so the broker answers before the
+// client gives up, and at least one Send must fail that way. Same
+// assertions and figures otherwise.
 func TestSlaveFrozenUnderLoad(t *testing.T) {
 	testenv.Integration(t)
 	suite.KeepUp(t, "n0", "n1")
@@ -191,6 +194,21 @@ func slaveLostUnderLoad(t *testing.T, b *Bed, freeze bool) {
 
 	b.Verify(t, 2*time.Minute)
 	advice := checkAdvice(t, b)
+	forced := 0
+	for _, a := range b.Attempts() {
+		if errors.Is(a.Err, txproducer.ErrForcedRollback) {
+			forced++
+		}
+	}
+	if freeze {
+		// The bed's slaveTimeout (2 s, below the client's 3 s send
+		// timeout) makes the master answer FLUSH_SLAVE_TIMEOUT while the
+		// frozen slave is in the sync state set: the client rolls those
+		// halves back itself, and rmqtx must say so (checkAdvice asserted
+		// what each such Send left: nothing committed, no txlog row,
+		// RetryWithSameID).
+		require.Positive(t, forced, "a Send during the freeze failed with ErrForcedRollback (failed Sends: %s)", advice)
+	}
 	b.Sc.Note("%s (slave) %s: the master %s alone in the sync state set after %s; first Send committed %s after the kill (%d probe Sends failed first)",
 		slave, how, master, shrink.Round(10*time.Millisecond), firstCommit.Round(10*time.Millisecond), probeFailures)
 	b.Sc.Note("%d Sends/enqueues committed and %d failed between the kill and the restart; %s back (restarted, or resumed if frozen) and in the sync state set after %s",

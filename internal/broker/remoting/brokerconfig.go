@@ -20,6 +20,14 @@ const (
 // ClusterMasters returns the addresses of all master brokers the first
 // answering name server knows (GET_BROKER_CLUSTER_INFO), sorted.
 func ClusterMasters(ctx context.Context, nameServers []string, timeout time.Duration) ([]string, error) {
+	masters, _, err := ClusterReplicas(ctx, nameServers, timeout)
+	return masters, err
+}
+
+// ClusterReplicas returns the addresses of all master brokers and of all
+// slave brokers (broker id other than 0) the first answering name server
+// knows (GET_BROKER_CLUSTER_INFO), each sorted.
+func ClusterReplicas(ctx context.Context, nameServers []string, timeout time.Duration) (masters, slaves []string, err error) {
 	var lastErr error
 	for _, ns := range nameServers {
 		h, body, err := RoundTrip(ctx, ns, timeout, ReqGetBrokerClusterInfo, nil)
@@ -32,22 +40,28 @@ func ClusterMasters(ctx context.Context, nameServers []string, timeout time.Dura
 			continue
 		}
 		seen := map[string]bool{}
-		var out []string
 		for _, m := range brokerAddrsRE.FindAllSubmatch(body, -1) {
 			for _, e := range addrEntryRE.FindAllSubmatch(m[1], -1) {
-				if string(e[1]) == "0" && !seen[string(e[2])] {
-					seen[string(e[2])] = true
-					out = append(out, string(e[2]))
+				addr := string(e[2])
+				if seen[addr] {
+					continue
+				}
+				seen[addr] = true
+				if string(e[1]) == "0" {
+					masters = append(masters, addr)
+				} else {
+					slaves = append(slaves, addr)
 				}
 			}
 		}
-		sort.Strings(out)
-		return out, nil
+		sort.Strings(masters)
+		sort.Strings(slaves)
+		return masters, slaves, nil
 	}
 	if lastErr == nil {
 		lastErr = errors.New("remoting: no name server configured")
 	}
-	return nil, lastErr
+	return nil, nil, lastErr
 }
 
 // BrokerConfig returns the running configuration of the broker at addr

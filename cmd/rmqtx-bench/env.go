@@ -48,6 +48,10 @@ type Services struct {
 	Engine string
 	// PGDSN is the PostgreSQL server's DSN (RMQTX_PG_DSN).
 	PGDSN string
+	// via, when set, is the address of a delay proxy in front of the
+	// database (-net-delay): Open and DSN connect there, while DBAddr
+	// stays the server's own (its CPU meter finds it by port).
+	via string
 }
 
 // LoadServices reads the settings from the environment: RMQTX_BENCH_DB
@@ -122,13 +126,31 @@ func (s Services) Open(dbName string) (*sqlx.DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.via != "" {
+		host, port, err := net.SplitHostPort(s.via)
+		if err != nil {
+			return nil, fmt.Errorf("database proxy address %q: %w", s.via, err)
+		}
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("database proxy address %q: %w", s.via, err)
+		}
+		cfg.Host, cfg.Port = host, uint16(p)
+		for _, f := range cfg.Fallbacks { // e.g. sslmode=prefer's plain retry: the same server, so the same proxy
+			f.Host, f.Port = host, uint16(p)
+		}
+	}
 	return sqlx.NewDb(stdlib.OpenDB(*cfg), "pgx"), nil
 }
 
 // DSN returns a go-sql-driver DSN for database name (may be empty), with
 // DSNParams applied (MySQL only: workload roundtrips).
 func (s Services) DSN(dbName string) string {
-	dsn := s.Settings.DSN(dbName)
+	st := s.Settings
+	if s.via != "" {
+		st.MySQLAddr = s.via
+	}
+	dsn := st.DSN(dbName)
 	if s.DSNParams == "" {
 		return dsn
 	}
@@ -195,10 +217,15 @@ type Env struct {
 	Log    func(format string, args ...any)
 	admin  admin.Admin
 	root   *sqlx.DB
+	// Net is the run's delay proxies (-net-delay), nil without.
+	Net *netDelay
 }
 
 // OpenEnv connects, creates a fresh database for this run and an admin
-// client for topics.
+// client for topics. With -net-delay, the sides' database pool and the name
+// server they use (e.S.NameServer, e.S.Resolver) go through delay proxies;
+// the run's own set-up (creating and dropping the database, topics through
+// the admin client at e.S.Broker) talks to the services directly.
 func OpenEnv(ctx context.Context, s Services, opt Options, logf func(string, ...any)) (*Env, error) {
 	if err := s.CheckLoopback(); err != nil {
 		return nil, err
@@ -223,9 +250,25 @@ func OpenEnv(ctx context.Context, s Services, opt Options, logf func(string, ...
 		_ = root.Close()
 		return nil, fmt.Errorf("create database: %w", err)
 	}
-	db, err := s.Open(dbName)
+	sides := s
+	var nd *netDelay
+	if opt.NetDelay > 0 {
+		if nd, err = startNetDelay(s.DBAddr(), s.NameServer, opt.NetDelay); err != nil {
+			_ = root.Close()
+			return nil, err
+		}
+		sides.via, sides.NameServer = nd.db.Addr(), nd.ns.Addr()
+		logf("net-delay %s each way: database via %s, name server via %s (brokers via proxies named in its routes)", opt.NetDelay, sides.via, sides.NameServer)
+	}
+	closeNet := func() {
+		if nd != nil {
+			nd.Close()
+		}
+	}
+	db, err := sides.Open(dbName)
 	if err != nil {
 		_ = root.Close()
+		closeNet()
 		return nil, err
 	}
 	pool := 4*opt.Concurrency + 32
@@ -236,9 +279,10 @@ func OpenEnv(ctx context.Context, s Services, opt Options, logf func(string, ...
 	if err != nil {
 		_ = db.Close()
 		_ = root.Close()
+		closeNet()
 		return nil, fmt.Errorf("admin client: %w", err)
 	}
-	return &Env{S: s, DB: db, DBName: dbName, Names: names, Opt: opt, Log: logf, admin: a, root: root}, nil
+	return &Env{S: sides, DB: db, DBName: dbName, Names: names, Opt: opt, Log: logf, admin: a, root: root, Net: nd}, nil
 }
 
 // Close drops the run's database (unless keep) and closes the clients.
@@ -259,6 +303,13 @@ func (e *Env) Close(keep bool) {
 		e.Log("drop database %s: %v", e.DBName, err)
 	}
 	_ = e.root.Close()
+	if e.Net != nil {
+		for _, w := range e.Net.Warnings() {
+			e.Log("net-delay: %s", w)
+		}
+		e.Log("net-delay: %s", e.Net.Summary())
+		e.Net.Close()
+	}
 }
 
 // CreateTopic creates topic with queues read/write queues on the broker, so

@@ -50,6 +50,11 @@ type Options struct {
 	NoTxlogIdx  bool   // drop the txlog's secondary indexes (experiment)
 	Tracing     bool   // producer: add an rmqtx Send side with OpenTelemetry tracing on
 	Phases      bool   // producer: add an rmqtx Send side whose spans give the phase breakdown
+	// NetDelay puts a delay proxy (this much each way) between every side
+	// and the database, the name server and the brokers (netdelay.go).
+	NetDelay time.Duration
+	// Scale holds the scale workload's -scale-* flags (scale.go).
+	Scale scaleFlags
 }
 
 var allWorkloads = []string{"roundtrips", "producer", "localtx", "consumer", "ordering", "outbox", "checkback"}
@@ -64,6 +69,9 @@ var workloadFuncs = map[string]workloadFunc{
 	"ordering":   runOrdering,
 	"outbox":     runOutbox,
 	"checkback":  runCheckback,
+	// scale is not in allWorkloads: it preloads millions of rows and runs
+	// only when asked for (-workloads scale).
+	"scale": runScale,
 }
 
 func main() {
@@ -102,7 +110,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.NoPayload, "txlog-no-payload", false, "rmqtx producer: DisablePayloadStorage (only the hash is stored in the txlog)")
 	fs.BoolVar(&opt.NoTxlogIdx, "txlog-no-index", false, "experiment: drop the txlog's two secondary indexes (what the insert costs without them; tooling needs them)")
 	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
+	fs.DurationVar(&opt.NetDelay, "net-delay", 0, "every side reaches the database, the name server and the brokers through loopback delay proxies adding this much each way, e.g. 0.5ms (0: direct)")
 	fs.BoolVar(&opt.Phases, "phases", false, "producer: add a side \"rmqtx Send + phase spans\" (every span sampled, kept in memory) whose spans give each Send's half/local/end breakdown and breaks the raw tx sides down too (off by default: the raw sides then run exactly what a user writes)")
+	registerScaleFlags(fs, &opt.Scale)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -120,6 +130,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if opt.Concurrency < 1 || opt.Rounds < 1 || opt.Payload < 1 || opt.Messages < 1 || opt.OutboxRows < 1 || opt.Halves < 2 {
 		fmt.Fprintln(stderr, "rmqtx-bench: -concurrency, -rounds, -payload, -messages must be >= 1 and -halves >= 2")
 		return 2
+	}
+	if opt.NetDelay < 0 {
+		fmt.Fprintln(stderr, "rmqtx-bench: -net-delay must be >= 0")
+		return 2
+	}
+	if scaleRequested(opt.Workloads) {
+		if _, err := opt.Scale.plan(); err != nil {
+			fmt.Fprintf(stderr, "rmqtx-bench: %v\n", err)
+			return 2
+		}
 	}
 	if opt.N > 0 {
 		opt.Duration = 0
@@ -178,6 +198,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if opt.Phases {
 		rep.Settings["phases"] = "true"
+	}
+	if opt.NetDelay > 0 {
+		rep.Settings["net_delay"] = opt.NetDelay.String()
 	}
 	for _, k := range []string{"RMQTX_TX_TIMEOUT_MS", "RMQTX_TX_CHECK_INTERVAL_MS", "RMQTX_TX_CHECK_MAX"} {
 		if v := os.Getenv(k); v != "" {
@@ -283,7 +306,7 @@ const (
 	targetProducerTxLog = 1.05
 	targetFirst         = 0.85
 	targetFirstDedup    = 1.0
-	targetBatch         = 2.0
+	targetBatch         = 0.90 // of the raw batch handler (no dedup) in the same run: the ceiling of any batch mode
 	targetDuplicate     = 2.0
 	targetOutbox        = 1.5
 )
@@ -300,15 +323,16 @@ func addRatios(w *Workload) {
 		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
 		w.AddRatio("rmqtx Send + tracing / rmqtx Send", sideRmqtxTraced, sideRmqtxSend, 0)
 		w.AddRatio("rmqtx Send + phase spans / rmqtx Send", sideRmqtxPhases, sideRmqtxSend, 0)
+		addLatencyRatios(w)
 	case "localtx":
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
 		w.AddRatio("rmqtx local tx / raw + hand-written log", "rmqtx local tx (no broker)", "raw + hand-written log (no broker)", 0)
 	case "consumer":
 		w.AddRatio("rmqtx first delivery / raw handler", sideFirst, sideRawHandler, targetFirst)
 		w.AddRatio("rmqtx first delivery / raw handler + dedup", sideFirst, sideRawDedup, targetFirstDedup)
-		w.AddRatio("rmqtx batch mode / raw handler", sideBatch, sideRawHandler, targetBatch)
+		w.AddRatio("rmqtx batch mode / raw handler", sideBatch, sideRawHandler, 0)
 		w.AddRatio("raw batch handler (no dedup) / raw handler", sideRawBatch, sideRawHandler, 0)
-		w.AddRatio("rmqtx batch mode / raw batch handler", sideBatch, sideRawBatch, 0)
+		w.AddRatio("rmqtx batch mode / raw batch handler", sideBatch, sideRawBatch, targetBatch)
 		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
 		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)
 		w.AddRatio("duplicate cold (DB) / raw no-op ceiling", sideDupCold, sideNoopHandler, 0)

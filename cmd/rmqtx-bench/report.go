@@ -110,22 +110,44 @@ type Ratio struct {
 	Numerator   string    `json:"numerator"`
 	Denominator string    `json:"denominator"`
 	Value       float64   `json:"value"`  // median of the per-round ratios
-	Rounds      []float64 `json:"rounds"` // Numerator.Rate / Denominator.Rate per round
-	// Target, when set, is the issue's goal: Value >= Target.
+	Rounds      []float64 `json:"rounds"` // Numerator's figure / Denominator's figure per round
+	// Metric is the figure compared: "" for the rate, "p50_ms" or
+	// "p99_ms" for a per-operation latency.
+	Metric string `json:"metric,omitempty"`
+	// Target, when set, is the issue's goal: Value >= Target, or Value <=
+	// Target when AtMost (a latency).
 	Target *float64 `json:"target,omitempty"`
-	Met    *bool    `json:"met,omitempty"`
+	AtMost bool     `json:"at_most,omitempty"`
+	// Met is nil when there is no target, or no value to judge (Verdict
+	// then says missed).
+	Met *bool `json:"met,omitempty"`
 }
 
 // NewRatio pairs the rounds of num and den by index (round i of one side
 // ran next to round i of the other) and takes the median of the per-round
-// ratios, which cancels drift that hits both sides of one round alike.
-// target <= 0 means no target.
+// ratios of their rates, which cancels drift that hits both sides of one
+// round alike. target <= 0 means no target; the target is Value >= target.
 func NewRatio(name string, num, den *Side, target float64) Ratio {
-	r := Ratio{Name: name, Numerator: num.Name, Denominator: den.Name, Value: math.NaN()}
+	return newRatio(name, num, den, "", func(r Round) float64 { return r.Rate }, target, false)
+}
+
+// NewLatencyRatio is NewRatio on a latency percentile: metric is "p50_ms"
+// or "p99_ms", and the target, when > 0, is Value <= target (lower is
+// better).
+func NewLatencyRatio(name string, num, den *Side, metric string, target float64) Ratio {
+	get := func(r Round) float64 { return r.P50Ms }
+	if metric == "p99_ms" {
+		get = func(r Round) float64 { return r.P99Ms }
+	}
+	return newRatio(name, num, den, metric, get, target, true)
+}
+
+func newRatio(name string, num, den *Side, metric string, get func(Round) float64, target float64, atMost bool) Ratio {
+	r := Ratio{Name: name, Numerator: num.Name, Denominator: den.Name, Value: math.NaN(), Metric: metric}
 	n := min(len(num.Rounds), len(den.Rounds))
 	for i := 0; i < n; i++ {
-		if den.Rounds[i].Rate > 0 {
-			r.Rounds = append(r.Rounds, num.Rounds[i].Rate/den.Rounds[i].Rate)
+		if d := get(den.Rounds[i]); d > 0 {
+			r.Rounds = append(r.Rounds, get(num.Rounds[i])/d)
 		}
 	}
 	if len(r.Rounds) > 0 {
@@ -133,25 +155,44 @@ func NewRatio(name string, num, den *Side, target float64) Ratio {
 	}
 	if target > 0 {
 		t := target
-		r.Target = &t
+		r.Target, r.AtMost = &t, atMost
 		if !math.IsNaN(r.Value) {
 			met := r.Value >= target
+			if atMost {
+				met = r.Value <= target
+			}
 			r.Met = &met
 		}
 	}
 	return r
 }
 
-// Verdict is "met", "missed" or "" (no target or no value).
+// Verdict is "met" or "missed" for a ratio with a target ("missed (no
+// value)" when no round could be compared), "" without a target.
 func (r Ratio) Verdict() string {
 	switch {
-	case r.Met == nil:
+	case r.Target == nil:
 		return ""
+	case r.Met == nil:
+		return "missed (no value)"
 	case *r.Met:
 		return "met"
 	default:
 		return "missed"
 	}
+}
+
+// TargetText is the target and its verdict as the table prints it, e.g.
+// "target >= 0.90x: met" ("" without a target).
+func (r Ratio) TargetText() string {
+	if r.Target == nil {
+		return ""
+	}
+	op := ">="
+	if r.AtMost {
+		op = "<="
+	}
+	return fmt.Sprintf("target %s %.2fx: %s", op, *r.Target, r.Verdict())
 }
 
 // MarshalJSON writes NaN values as null (encoding/json rejects NaN).
@@ -178,7 +219,10 @@ type Workload struct {
 	// Counts are statement and round-trip counts per operation (workload
 	// roundtrips).
 	Counts []Count `json:"counts,omitempty"`
-	Error  string  `json:"error,omitempty"`
+	// Scale is the scale curve, one entry per database, id layout and
+	// size (workload scale, scale.go).
+	Scale []*ScalePoint `json:"scale,omitempty"`
+	Error string        `json:"error,omitempty"`
 }
 
 // Side returns the side named name, or nil.
@@ -235,14 +279,14 @@ type Report struct {
 	TargetsAll int               `json:"targets_all"`
 }
 
-// Finish counts the targets.
+// Finish counts the targets; one without a value counts as missed.
 func (r *Report) Finish() {
 	r.TargetsMet, r.TargetsAll = 0, 0
 	for _, w := range r.Workloads {
 		for _, ra := range w.Ratios {
-			if ra.Met != nil {
+			if ra.Target != nil {
 				r.TargetsAll++
-				if *ra.Met {
+				if ra.Met != nil && *ra.Met {
 					r.TargetsMet++
 				}
 			}
@@ -302,6 +346,9 @@ func (r *Report) WriteTable(w io.Writer) {
 	if m.LoadStart != "" {
 		fmt.Fprintf(w, "load average: %s at the start, %s at the end\n", m.LoadStart, m.LoadEnd)
 	}
+	if d := r.Settings["net_delay"]; d != "" {
+		fmt.Fprintf(w, "network: %s each way between every side and the database, the name server and the brokers (loopback delay proxies, -net-delay)\n", d)
+	}
 	keys := make([]string, 0, len(r.Settings))
 	for k := range r.Settings {
 		keys = append(keys, k)
@@ -349,10 +396,7 @@ func (r *Report) WriteTable(w io.Writer) {
 				fmtRate(s.Rate)+" "+s.Unit, fmtMs(s.P50Ms), fmtMs(s.P99Ms), fmtMs(s.P999Ms), s.Seconds, s.Errors, strings.Join(rr, " "))
 		}
 		for _, ra := range wl.Ratios {
-			target := ""
-			if ra.Target != nil {
-				target = fmt.Sprintf("target >= %.2fx: %s", *ra.Target, ra.Verdict())
-			}
+			target := ra.TargetText()
 			var rr []string
 			for _, x := range ra.Rounds {
 				rr = append(rr, fmtRatio(x))

@@ -40,6 +40,7 @@ func (p *Producer) checkBrokerSettings(ctx context.Context) ([]string, error) {
 		}
 		warnOpBatch(l, addr, conf)
 		warnDurability(l, addr, conf)
+		warnFailover(l, addr, conf, p.cfg.SendTimeout)
 		e, err := fenceAgeAgainst(addr, p.cfg.FenceAge, conf)
 		if err != nil {
 			l.WithError(err).WithField("broker", addr).Info("txproducer: broker settings incomplete; FenceAge not checked against them")
@@ -212,4 +213,51 @@ func durabilityOf(conf map[string]string) (flush, role string, durable, ok bool)
 	}
 	durable = role == "SYNC_MASTER" || strings.EqualFold(strings.TrimSpace(conf["enableDLegerCommitLog"]), "true")
 	return flush, role, durable, true
+}
+
+// warnFailover warns, naming the broker, about replication settings under
+// which a failover loses acknowledged messages or a stuck slave is not
+// reported clearly:
+//   - controller mode (enableControllerMode=true) without
+//     allAckInSyncStateSet=true: the master acknowledges a put before every
+//     in-sync replica has it, and the replica promoted after the master's
+//     death truncates what it lacks, committed events included;
+//   - controller mode with enableElectUncleanMaster=true: a replica outside
+//     the sync state set may be elected, with the same loss;
+//   - a synchronous master (SYNC_MASTER, or controller mode, where the
+//     elected master is one) whose slaveTimeout is not below the
+//     producer's SendTimeout: while a slave stops answering, the client
+//     times out first and sends the half again, so the broker stores
+//     copies and the Send fails as a plain timeout; with slaveTimeout below
+//     it the broker answers FLUSH_SLAVE_TIMEOUT first and Send fails at
+//     once with ErrForcedRollback (nothing committed). Logged at Info: it
+//     loses nothing.
+//
+// Nothing is logged for a setting the configuration does not carry.
+func warnFailover(l logrus.FieldLogger, addr string, conf map[string]string, sendTimeout time.Duration) {
+	is := func(k string) bool { return strings.EqualFold(strings.TrimSpace(conf[k]), "true") }
+	isNot := func(k string) bool { return strings.EqualFold(strings.TrimSpace(conf[k]), "false") }
+	controller := is("enableControllerMode")
+	if controller && isNot("allAckInSyncStateSet") {
+		l.WithFields(logrus.Fields{"broker": addr, "allAckInSyncStateSet": false}).Warnf(
+			"txproducer: broker %s: controller mode with allAckInSyncStateSet=false: it acknowledges puts its slave may not "+
+				"have, and the slave promoted after this master dies truncates them, committed events included; set "+
+				"allAckInSyncStateSet=true", addr)
+	}
+	if controller && is("enableElectUncleanMaster") {
+		l.WithFields(logrus.Fields{"broker": addr, "enableElectUncleanMaster": true}).Warnf(
+			"txproducer: broker %s: enableElectUncleanMaster=true lets the controller promote a replica that lacks "+
+				"acknowledged messages, committed events included; set it to false", addr)
+	}
+	if !controller && strings.TrimSpace(conf["brokerRole"]) != "SYNC_MASTER" {
+		return
+	}
+	ms, err := strconv.Atoi(strings.TrimSpace(conf["slaveTimeout"]))
+	if err != nil || time.Duration(ms)*time.Millisecond < sendTimeout {
+		return
+	}
+	l.WithFields(logrus.Fields{"broker": addr, "slaveTimeout_ms": ms, "send_timeout": sendTimeout.String()}).Infof(
+		"txproducer: broker %s: slaveTimeout %d ms is not below SendTimeout %s: while its slave stops answering, "+
+			"Sends time out and the client sends their halves again (extra stored copies) instead of failing at once "+
+			"with ErrForcedRollback; set slaveTimeout below SendTimeout", addr, ms, sendTimeout)
 }

@@ -2,8 +2,6 @@ package txproducer
 
 import (
 	"context"
-	"net"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -112,29 +110,26 @@ func (p *Producer) watchBrokers(tp broker.TxProducer, known []string) *watcher {
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
-		s := &watchState{p: p, tp: tp, ctx: ctx, lost: make(chan string, 16),
-			view: map[string]bool{}, sentinels: map[string]bool{}, away: map[string]time.Time{},
+		s := &watchState{p: p, tp: tp, ctx: ctx, sentinels: broker.NewSentinels(p.cfg.SendTimeout),
+			view: map[string]bool{}, away: map[string]time.Time{},
 			pending: map[string]time.Time{}, slaves: map[string]bool{},
 			l: p.cfg.Logger.WithField("group", p.cfg.Group)}
-		defer s.wg.Wait()
+		defer s.sentinels.Close()
 		s.run(known)
 	}()
 	return w
 }
 
-// watchState is the watcher goroutine's state; only that goroutine uses it
-// (the sentinels report over lost).
+// watchState is the watcher goroutine's state; only that goroutine uses it.
 type watchState struct {
-	p    *Producer
-	tp   broker.TxProducer
-	ctx  context.Context
-	l    logrus.FieldLogger
-	lost chan string    // a sentinel's connection closed
-	wg   sync.WaitGroup // the sentinels
+	p         *Producer
+	tp        broker.TxProducer
+	ctx       context.Context
+	l         logrus.FieldLogger
+	sentinels *broker.Sentinels // an idle connection to every master
 
 	view      map[string]bool      // the masters the name server listed last
 	haveView  bool                 // view came from Start or a poll
-	sentinels map[string]bool      // masters with a sentinel running
 	away      map[string]time.Time // master -> since it went away
 	pending   map[string]time.Time // master -> since it returned, until it lists this instance
 	slaves    map[string]bool      // the slaves the name server listed last
@@ -157,7 +152,7 @@ func (s *watchState) run(known []string) {
 		select {
 		case <-s.ctx.Done():
 			return
-		case a := <-s.lost:
+		case a := <-s.sentinels.Lost():
 			s.sentinelClosed(a)
 		case <-t.C:
 			s.tick()
@@ -195,7 +190,7 @@ func (s *watchState) tick() {
 	}
 	for a, since := range s.away {
 		switch {
-		case accepts(s.ctx, a, s.p.cfg.SendTimeout):
+		case broker.Accepts(s.ctx, a, s.p.cfg.SendTimeout):
 			s.returned(a, "accepts connections again")
 		case time.Since(since) >= awayFor:
 			delete(s.away, a)
@@ -281,13 +276,11 @@ func (s *watchState) returned(a, how string) {
 // new connection at once is alive (the broker closes idle connections);
 // one that does not is away.
 func (s *watchState) sentinelClosed(a string) {
-	delete(s.sentinels, a)
 	if _, ok := s.away[a]; ok {
 		return
 	}
 	if s.view[a] && s.ctx.Err() == nil {
-		if accepts(s.ctx, a, s.p.cfg.SendTimeout) {
-			s.watch(a)
+		if s.sentinels.Watch(a) {
 			return
 		}
 		s.left(a, "closed its connection")
@@ -295,54 +288,13 @@ func (s *watchState) sentinelClosed(a string) {
 	}
 }
 
-// watch starts a's sentinel unless one runs or a is away: an idle
-// connection whose close reports a on lost.
+// watch starts a's sentinel unless one runs or a is away; a master that
+// does not accept the connection is left to the poll.
 func (s *watchState) watch(a string) {
-	if s.sentinels[a] || s.ctx.Err() != nil {
-		return
-	}
 	if _, ok := s.away[a]; ok {
 		return
 	}
-	dctx, cancel := context.WithTimeout(s.ctx, s.p.cfg.SendTimeout)
-	var d net.Dialer
-	c, err := d.DialContext(dctx, "tcp", a)
-	cancel()
-	if err != nil {
-		return // the poll or the next return starts it
-	}
-	s.sentinels[a] = true
-	s.wg.Add(1)
-	stop := context.AfterFunc(s.ctx, func() { _ = c.Close() })
-	go func() {
-		defer s.wg.Done()
-		defer stop()
-		var b [64]byte
-		for {
-			if _, err := c.Read(b[:]); err != nil {
-				break // the broker never writes to it; any read ends it
-			}
-		}
-		_ = c.Close()
-		select {
-		case s.lost <- a:
-		case <-s.ctx.Done():
-		}
-	}()
-}
-
-// accepts reports whether a TCP connection to addr opens (it is closed at
-// once).
-func accepts(ctx context.Context, addr string, timeout time.Duration) bool {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return false
-	}
-	_ = c.Close()
-	return true
+	s.sentinels.Watch(a)
 }
 
 // rejoin heartbeats every pending broker directly, and drops from pending

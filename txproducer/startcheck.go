@@ -46,7 +46,10 @@ var (
 // naming the broker, about one that acknowledges messages it has neither
 // flushed nor copied to a synchronous slave (flushDiskType ASYNC_FLUSH on a
 // broker that is not a SYNC_MASTER: a power loss there can lose committed
-// events, see brokercheck.go's warnDurability), connects
+// events, see brokercheck.go's warnDurability) and about replication
+// settings under which a failover loses acknowledged messages
+// (warnFailover: controller mode without allAckInSyncStateSet, or with
+// enableElectUncleanMaster), connects
 // to the name server, warms up (see Config.WarmupTopics), starts discard
 // recovery, and begins answering checks. With WarmupTopics it returns once
 // every broker of those topics has registered this instance (see

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -45,6 +46,13 @@ type PushConsumerConfig struct {
 	// through, on the pull goroutine, in pull order and before the client
 	// queues it for delivery. It must not block.
 	OnPulled func(mq MessageQueue, msgs []*MessageExt)
+	// MasterWatch is how often the consumer asks the name server for the
+	// cluster's masters, to read its routes and rebalance at once when they
+	// change (a promoted slave, a restarted broker) instead of at the
+	// client's 30 s route refresh; it also learns of a master's death from
+	// an idle connection it holds to each, and then asks every 500 ms
+	// (masterWatch). Zero: 2 s. Negative: no watch.
+	MasterWatch time.Duration
 }
 
 // PushConsumer is the push consumer owners see. Its callbacks run behind a
@@ -117,7 +125,11 @@ func NewPushConsumer(cfg PushConsumerConfig) (PushConsumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pushConsumer{pc: pc, gate: gate}, nil
+	every := cfg.MasterWatch
+	if every == 0 {
+		every = masterPoll
+	}
+	return &pushConsumer{pc: pc, gate: gate, ns: cfg.NameServers, every: every}, nil
 }
 
 // pushConsumer is the client's PushConsumer behind its stop gate.
@@ -125,6 +137,32 @@ type pushConsumer struct {
 	pc      rocketmq.PushConsumer
 	gate    *pushstop.Gate
 	started atomic.Bool // Start was called
+	ns      []string
+	every   time.Duration // masterWatch's poll; negative: no watch
+
+	watchMu sync.Mutex
+	watch   *masterWatch // running from Start to Stop, Shutdown or Close
+}
+
+// startWatch starts the master watch (see masterWatch) unless disabled.
+func (p *pushConsumer) startWatch() {
+	if p.every < 0 {
+		return
+	}
+	p.watchMu.Lock()
+	defer p.watchMu.Unlock()
+	if p.watch == nil {
+		p.watch = watchMasters(p.ns, p.every, func() { refreshNow(p.pc) })
+	}
+}
+
+// stopWatch stops the master watch before the client stops.
+func (p *pushConsumer) stopWatch() {
+	p.watchMu.Lock()
+	w := p.watch
+	p.watch = nil
+	p.watchMu.Unlock()
+	w.stop()
 }
 
 func (p *pushConsumer) Subscribe(topic string, selector MessageSelector, f ConsumeFunc) error {
@@ -133,7 +171,11 @@ func (p *pushConsumer) Subscribe(topic string, selector MessageSelector, f Consu
 
 func (p *pushConsumer) Start() error {
 	p.started.Store(true)
-	return p.pc.Start()
+	if err := p.pc.Start(); err != nil {
+		return err
+	}
+	p.startWatch()
+	return nil
 }
 
 // Shutdown leaves a consumer that was never started alone. Upstream
@@ -144,14 +186,19 @@ func (p *pushConsumer) Shutdown() error {
 	if !p.started.Load() {
 		return nil
 	}
+	p.stopWatch()
 	return p.pc.Shutdown()
 }
 
-func (p *pushConsumer) Stop(ctx context.Context) error { return p.gate.Stop(ctx, p.pc) }
+func (p *pushConsumer) Stop(ctx context.Context) error {
+	p.stopWatch()
+	return p.gate.Stop(ctx, p.pc)
+}
 func (p *pushConsumer) Close(ctx context.Context) error {
 	if !p.started.Load() {
 		return nil // see Shutdown
 	}
+	p.stopWatch()
 	return p.gate.Shutdown(ctx, p.pc)
 }
 func (p *pushConsumer) Discarded() int64 { return p.gate.Discarded() }

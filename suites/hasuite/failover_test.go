@@ -33,7 +33,8 @@ import (
 // applies, then restarts the old master.
 //
 //   - (a) The controller promotes the slave: the test measures the time from
-//     the kill to the promotion and to the first Send that commits after it,
+//     the kill to the promotion, to the first Send that commits after it and
+//     to that event applied by a consumer (pulled from the promoted master),
 //     and records every Send that failed with its RetryAdvice.
 //   - (c) Four Sends are held inside their local transaction with their half
 //     stored on both replicas (allAckInSyncStateSet) at the kill; two commit
@@ -66,6 +67,7 @@ type failoverFigures struct {
 	promotion            time.Duration // kill -> the controller names the new master
 	firstCommit          time.Duration // kill -> first Send that committed after the kill
 	firstCheck           time.Duration // kill -> first check answered (by the promoted master)
+	firstApplied         time.Duration // kill -> the first committed Send's event applied by a consumer (pulled from the promoted master)
 	rejoin               time.Duration // restart of the old master -> in the sync state set as slave
 	probeFailures        int           // Sends of the probe that failed before the first commit
 }
@@ -180,12 +182,14 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 
 	// The first Send that commits after the kill: a probe that sends until
 	// one does (each attempt bounded by 10 s, recorded like any Send).
+	var firstID string
 	for {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := b.SendTxID(sctx, probe, false)
+		id, err := b.SendTxID(sctx, probe, false)
 		cancel()
 		if err == nil {
 			f.firstCommit = time.Since(killedAt)
+			firstID = id
 			break
 		}
 		f.probeFailures++
@@ -193,6 +197,14 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 		require.Less(t, time.Since(killedAt), 2*time.Minute, "a Send commits within 2 minutes of the kill")
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The consumers pull it from the promoted master: their master watch
+	// reads the new route at once instead of at the client's 30 s refresh.
+	testenv.Eventually(t, 90*time.Second, "the first event committed after the kill applied by a consumer", func() bool {
+		var n int
+		err := b.DB.Get(&n, b.DB.Rebind("SELECT COUNT(*) FROM effects WHERE event_id = ?"), firstID)
+		return err == nil && n > 0
+	})
+	f.firstApplied = time.Since(killedAt)
 	heldWG.Wait()
 	for i, id := range held {
 		a, _ := b.Attempt(id)
@@ -253,8 +265,9 @@ func masterKilledUnderLoad(t *testing.T, b *Bed) {
 	b.Verify(t, 2*time.Minute)
 	advice := checkAdvice(t, b)
 	rec := b.RecoveryDecisions()
-	b.Sc.Note("%s (master) killed: %s promoted after %s; first Send committed %s after the kill (%d probe Sends failed first); first check answered by the promoted master %s after the kill",
-		f.oldMaster, f.newMaster, f.promotion.Round(10*time.Millisecond), f.firstCommit.Round(10*time.Millisecond), f.probeFailures, roundOrNone(f.firstCheck))
+	b.Sc.Note("%s (master) killed: %s promoted after %s; first Send committed %s after the kill (%d probe Sends failed first), and applied by a consumer %s after it; first check answered by the promoted master %s after the kill",
+		f.oldMaster, f.newMaster, f.promotion.Round(10*time.Millisecond), f.firstCommit.Round(10*time.Millisecond), f.probeFailures,
+		f.firstApplied.Round(10*time.Millisecond), roundOrNone(f.firstCheck))
 	b.Sc.Note("%d Sends/enqueues committed and %d failed between the kill and the restart; %s restarted and in the sync state set as slave after %s",
 		okOnPromoted, errsOnPromoted, f.oldMaster, f.rejoin.Round(100*time.Millisecond))
 	b.Sc.Note("held halves (2 committed, 2 rolled back after the kill): %s", describeHeld(held, by))

@@ -317,7 +317,7 @@ func Classify(err error) (string, bool) {
 		name string
 		err  error
 	}{
-		{"ErrLocalTx", txproducer.ErrLocalTx}, {"ErrSend", txproducer.ErrSend}, {"ErrDatabase", txproducer.ErrDatabase},
+		{"ErrLocalTx", txproducer.ErrLocalTx}, {"ErrForcedRollback", txproducer.ErrForcedRollback}, {"ErrSend", txproducer.ErrSend}, {"ErrDatabase", txproducer.ErrDatabase},
 		{"ErrCommitUnknown", txproducer.ErrCommitUnknown}, {"ErrFenced", txproducer.ErrFenced}, {"ErrClosed", txproducer.ErrClosed},
 		{"ErrEventIDConflict", txproducer.ErrEventIDConflict},
 	} {

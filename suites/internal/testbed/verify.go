@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rmqtx/rmqtx/checkback"
+	"github.com/rmqtx/rmqtx/discard"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
 	"github.com/rmqtx/rmqtx/txlog"
@@ -259,6 +260,7 @@ func (b *Bed) Verify(t *testing.T, timeout time.Duration) {
 		}
 	}
 	copies := map[int]int{} // stored copies -> committed events
+	causes := map[string]int{}
 	for id, a := range b.attempts {
 		if a.Source == "tx" && a.Answered && a.Err == nil && a.State == txproducer.StateCommitted && !tr.committed[id] {
 			lost[id] = "Send reported committed, txlog does not"
@@ -274,6 +276,7 @@ func (b *Bed) Verify(t *testing.T, timeout time.Duration) {
 			if n := stored[id]; n > 1 && !b.published[id] {
 				sc.StoredTwice++
 				copies[n]++
+				causes[copyCause(a.Source, b.answers[id], b.recovered[id])]++
 			}
 		} else {
 			sc.RolledBack++
@@ -314,7 +317,18 @@ func (b *Bed) Verify(t *testing.T, timeout time.Duration) {
 		sc.Note("errors surfaced: %s", strings.Join(parts, " "))
 	}
 	if len(undecided) > 0 {
-		sc.Note("%d failed sends never reached a broker (no half message, no txlog row)", len(undecided))
+		forced := 0
+		for _, id := range undecided {
+			if a := b.attempts[id]; a != nil && errors.Is(a.Err, txproducer.ErrForcedRollback) {
+				forced++
+			}
+		}
+		if forced == 0 {
+			sc.Note("%d failed sends never reached a broker (no half message, no txlog row)", len(undecided))
+		} else {
+			sc.Note("%d failed sends left no txlog row: %d never reached a broker, %d were halves the client rolled back on the broker's status (ErrForcedRollback)",
+				len(undecided), len(undecided)-forced, forced)
+		}
 	}
 	if sc.StoredTwice > 0 {
 		var parts []string
@@ -322,7 +336,12 @@ func (b *Bed) Verify(t *testing.T, timeout time.Duration) {
 			parts = append(parts, fmt.Sprintf("%dx=%d", n, k))
 		}
 		sort.Strings(parts)
-		sc.Note("stored more than once: %d of %d committed events (copies: %s)", sc.StoredTwice, sc.Committed, strings.Join(parts, " "))
+		var why []string
+		for c, k := range causes {
+			why = append(why, fmt.Sprintf("%s=%d", c, k))
+		}
+		sort.Strings(why)
+		sc.Note("stored more than once: %d of %d committed events (copies: %s; by cause: %s)", sc.StoredTwice, sc.Committed, strings.Join(parts, " "), strings.Join(why, " "))
 	}
 	var version string
 	if err := b.DB.GetContext(ctx, &version, "SELECT version()"); err == nil {
@@ -370,4 +389,31 @@ func (b *Bed) logDeadLetters(t *testing.T) {
 			t.Logf("dead letter: topic=%s queue=%d offset=%d msgId=%s event=%q class=%s: %s", r.Topic, r.Queue, r.Offset, r.MsgID, r.EventID, r.Class, r.Text)
 		}
 	}
+}
+
+// copyCause names what most likely stored a committed event more than
+// once: "check" when a producer answered a check of it with COMMIT (the
+// broker checked a half whose "done" record it had not written yet, or a
+// second half of the same event, and stored the event again on the
+// answer; a half the client sent again after an attempt that timed out,
+// though the broker had stored it, is committed that way too), "recovery"
+// when discard recovery republished it, "outbox-resend" for an outbox row
+// the dispatcher sent again (a send that failed or was not confirmed,
+// e.g. FLUSH_SLAVE_TIMEOUT: stored on the master, its slave's copy not
+// confirmed, so the row is sent until a send is), else "other".
+func copyCause(source string, answers []Answer, recovered []discard.Result) string {
+	for _, r := range recovered {
+		if r.Decision == txlog.RecoveryRepublished {
+			return "recovery"
+		}
+	}
+	for _, a := range answers {
+		if a.Decision == checkback.Commit {
+			return "check"
+		}
+	}
+	if source == "outbox" {
+		return "outbox-resend"
+	}
+	return "other"
 }

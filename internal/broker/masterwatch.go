@@ -133,18 +133,21 @@ func watchMasters(nameServers []string, every time.Duration, onChange func()) *m
 		defer close(w.done)
 		sn := NewSentinels(3 * time.Second)
 		defer sn.Close()
-		var known []string
+		var known []string // the masters of the last poll that answered
+		haveKnown := false // known is a real answer (nil is one: no master)
 		var fastUntil time.Time
 		poll := func() {
 			masters, err := remoting.ClusterMasters(ctx, nameServers, 3*time.Second)
 			if err != nil {
 				return
 			}
-			if known != nil && !slices.Equal(known, masters) {
-				fastUntil = time.Time{}
+			if haveKnown && !slices.Equal(known, masters) {
+				if len(masters) > 0 {
+					fastUntil = time.Time{} // the change is complete: a master is listed
+				}
 				onChange()
 			}
-			known = masters
+			known, haveKnown = masters, true
 			for _, a := range masters {
 				sn.Watch(a)
 			}

@@ -33,7 +33,15 @@ func TestSentinelsReportAClosedBrokerAtOnce(t *testing.T) {
 
 	require.True(t, s.Watch(addr))
 	require.True(t, s.Watch(addr), "one sentinel per address; a second Watch reports it running")
+	// Count the connections the two Watch calls opened: a marker connection
+	// opened after them is accepted after them (the listen queue is FIFO).
+	marker, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer marker.Close()
 	server := <-accepted
+	second := <-accepted
+	require.Equal(t, marker.LocalAddr().String(), second.RemoteAddr().String(), "the second Watch opened no second connection")
+	require.NoError(t, second.Close())
 	closedAt := time.Now()
 	require.NoError(t, server.Close())
 	select {

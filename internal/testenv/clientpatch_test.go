@@ -3,12 +3,15 @@ package testenv_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/admin"
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
@@ -158,4 +161,50 @@ func TestPushConsumerShutdownWhileDeliveringIsRaceFree(t *testing.T) {
 		}
 	}
 	require.Positive(t, sent.Load())
+}
+
+// TestRequestEndsWhenItsConnectionBreaks is the regression test of patch 7
+// (third_party/rocketmq-client-go/PATCHES.md): a request whose connection
+// breaks before the response must end at once, with an error, instead of
+// waiting out its timeout. A long-polling pull to a broker that died waited
+// 30 s that way, so a push consumer resumed on a promoted master only then.
+// A TCP server here reads the request and closes the connection without an
+// answer; the request (an admin CreateTopic, bounded by a 5 s context) must
+// fail within 2 s naming the broken connection. On the upstream client it
+// waits the whole 5 s: that is asserted too, so the test says which client
+// it ran against. No database and no broker take part.
+func TestRequestEndsWhenItsConnectionBreaks(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				var hdr [4]byte
+				_, _ = io.ReadFull(c, hdr[:]) // the request's frame length: it arrived
+				_ = c.Close()
+			}()
+		}
+	}()
+	a, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver([]string{"127.0.0.1:1"})))
+	require.NoError(t, err)
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = a.CreateTopic(ctx, admin.WithTopicCreate(testenv.Name(t, "topic")), admin.WithBrokerAddrCreate(ln.Addr().String()))
+	took := time.Since(start)
+	require.Error(t, err, "nothing answered the request")
+	t.Logf("the request ended after %s: %v", took.Round(time.Millisecond), err)
+	if testenv.PatchedClient() {
+		require.Less(t, took, 2*time.Second, "the patched client ends the request when its connection breaks")
+		require.ErrorContains(t, err, "broke before the response")
+	} else {
+		require.GreaterOrEqual(t, took, 4*time.Second, "the upstream client waits out the request's timeout (the bug patch 7 fixes)")
+	}
 }

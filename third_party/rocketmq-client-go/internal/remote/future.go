@@ -32,6 +32,22 @@ type ResponseFuture struct {
 	Done            chan bool
 	callbackOnce    sync.Once
 	ctx             context.Context
+	// conn is the connection the request went out on, once it did (rmqtx
+	// patch 7): when that connection breaks, failPending ends the wait.
+	connMu sync.Mutex
+	conn   *tcpConnWrapper
+}
+
+func (r *ResponseFuture) setConn(c *tcpConnWrapper) {
+	r.connMu.Lock()
+	r.conn = c
+	r.connMu.Unlock()
+}
+
+func (r *ResponseFuture) getConn() *tcpConnWrapper {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	return r.conn
 }
 
 // NewResponseFuture create ResponseFuture with opaque, timeout and callback

@@ -22,6 +22,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"github.com/apache/rocketmq-client-go/v2/internal/utils"
 	"io"
 	"net"
@@ -106,6 +107,7 @@ func (c *remotingClient) InvokeSync(ctx context.Context, addr string, request *R
 	}
 
 	resp := NewResponseFuture(ctx, request.Opaque, nil)
+	resp.setConn(conn)
 
 	c.responseTable.Store(resp.Opaque, resp)
 	defer c.responseTable.Delete(request.Opaque)
@@ -132,6 +134,7 @@ func (c *remotingClient) InvokeAsync(ctx context.Context, addr string, request *
 			resp.Err = err
 			return
 		}
+		resp.setConn(conn)
 		err = c.sendRequest(ctx, conn, request)
 		if err != nil {
 			resp.Err = err
@@ -210,6 +213,7 @@ func (c *remotingClient) receiveResponse(r *tcpConnWrapper) {
 			}
 			c.closeConnection(r)
 			r.destroy()
+			c.failPending(r, err)
 			break
 		}
 
@@ -247,11 +251,31 @@ func (c *remotingClient) receiveResponse(r *tcpConnWrapper) {
 	}
 }
 
+// failPending ends, with an error, the wait of every request that went out
+// on r, which broke (rmqtx patch 7): no response can come on it any more,
+// and without this a long-polling pull to a broker that died waited for
+// its whole 30 s timeout. A request is claimed with LoadAndDelete, as
+// processCMD claims one, so exactly one of the two ends it.
+func (c *remotingClient) failPending(r *tcpConnWrapper, cause error) {
+	c.responseTable.Range(func(key, value interface{}) bool {
+		f, ok := value.(*ResponseFuture)
+		if !ok || f.getConn() != r {
+			return true
+		}
+		if _, claimed := c.responseTable.LoadAndDelete(key); claimed {
+			f.Err = fmt.Errorf("connection to %s broke before the response: %w", r.RemoteAddr(), cause)
+			if f.Done != nil {
+				close(f.Done)
+			}
+		}
+		return true
+	})
+}
+
 func (c *remotingClient) processCMD(cmd *RemotingCommand, r *tcpConnWrapper) {
 	if cmd.isResponseType() {
-		resp, exist := c.responseTable.Load(cmd.Opaque)
+		resp, exist := c.responseTable.LoadAndDelete(cmd.Opaque)
 		if exist {
-			c.responseTable.Delete(cmd.Opaque)
 			responseFuture := resp.(*ResponseFuture)
 			go primitive.WithRecover(func() {
 				responseFuture.ResponseCommand = cmd

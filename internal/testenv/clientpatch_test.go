@@ -2,6 +2,7 @@ package testenv_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -169,7 +170,8 @@ func TestPushConsumerShutdownWhileDeliveringIsRaceFree(t *testing.T) {
 // waiting out its timeout. A long-polling pull to a broker that died waited
 // 30 s that way, so a push consumer resumed on a promoted master only then.
 // A TCP server here reads the request and closes the connection without an
-// answer; the request (an admin CreateTopic, bounded by a 5 s context) must
+// answer, 200 ms after reading the whole frame (a broker that held the
+// request, then died); the request (an admin CreateTopic, bounded by a 5 s context) must
 // fail within 2 s naming the broken connection. On the upstream client it
 // waits the whole 5 s: that is asserted too, so the test says which client
 // it ran against. No database and no broker take part.
@@ -185,8 +187,18 @@ func TestRequestEndsWhenItsConnectionBreaks(t *testing.T) {
 				return
 			}
 			go func() {
+				// Read the whole request frame (a 4-byte length, then that
+				// many bytes), so the client has written all of it, then close
+				// without an answer.
 				var hdr [4]byte
-				_, _ = io.ReadFull(c, hdr[:]) // the request's frame length: it arrived
+				if _, err := io.ReadFull(c, hdr[:]); err == nil {
+					_, _ = io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(hdr[:])))
+				}
+				// The fault: a broker that held the request (a long poll)
+				// dies a moment later. The hold lets the upstream client's
+				// last, empty write of the frame finish first; a close before
+				// it fails that write at once, which is not the case tested.
+				time.Sleep(200 * time.Millisecond)
 				_ = c.Close()
 			}()
 		}

@@ -10,6 +10,7 @@ import (
 	rmq "github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rmqtx/rmqtx/metrics"
@@ -155,21 +156,8 @@ func outboxDispatch(ctx context.Context, e *Env, index int, evs []outbox.Event, 
 	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
 		return Round{}, fmt.Errorf("outbox migrate: %w", err)
 	}
-	const batch = 200
-	for i := 0; i < len(evs); i += batch {
-		tx, err := e.DB.BeginTxx(ctx, nil)
-		if err != nil {
-			return Round{}, err
-		}
-		for _, ev := range evs[i:min(i+batch, len(evs))] {
-			if _, err := table.Enqueue(ctx, tx, ev); err != nil {
-				_ = tx.Rollback()
-				return Round{}, fmt.Errorf("enqueue: %w", err)
-			}
-		}
-		if err := tx.Commit(); err != nil {
-			return Round{}, err
-		}
+	if err := enqueueAll(ctx, e.DB, table, evs); err != nil {
+		return Round{}, err
 	}
 
 	var (
@@ -262,4 +250,26 @@ func claimLine(r Round) string {
 	}
 	return fmt.Sprintf("claims %.0f, %.2f rows/claim, %.2fms/claim, claim loop busy %.0f%%",
 		r.Extra["claims"], r.Extra["rows_per_claim"], r.Extra["mean_claim_ms"], 100*r.Extra["claim_loop_busy"])
+}
+
+// enqueueAll writes evs into table, 200 rows per transaction: the outbox
+// rows a round's dispatcher then drains.
+func enqueueAll(ctx context.Context, db *sqlx.DB, table outbox.Table, evs []outbox.Event) error {
+	const batch = 200
+	for i := 0; i < len(evs); i += batch {
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs[i:min(i+batch, len(evs))] {
+			if _, err := table.Enqueue(ctx, tx, ev); err != nil {
+				_ = tx.Rollback()
+				return fmt.Errorf("enqueue: %w", err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -774,20 +774,8 @@ func scaleMeasureRounds(ctx context.Context, pe *Env, sides []*scaleSide, w *Wor
 // scaleClaimRound enqueues evs and times a dispatcher with a no-op sink
 // until every one is SENT; the claim histogram gives the claim time.
 func scaleClaimRound(ctx context.Context, pe *Env, prefix string, table outbox.Table, index int, evs []outbox.Event) (Round, error) {
-	for i := 0; i < len(evs); i += 200 {
-		tx, err := pe.DB.BeginTxx(ctx, nil)
-		if err != nil {
-			return Round{}, err
-		}
-		for _, ev := range evs[i:min(i+200, len(evs))] {
-			if _, err := table.Enqueue(ctx, tx, ev); err != nil {
-				_ = tx.Rollback()
-				return Round{}, fmt.Errorf("enqueue: %w", err)
-			}
-		}
-		if err := tx.Commit(); err != nil {
-			return Round{}, err
-		}
+	if err := enqueueAll(ctx, pe.DB, table, evs); err != nil {
+		return Round{}, err
 	}
 	var (
 		sent, other atomic.Int64

@@ -25,6 +25,24 @@ const (
 	attemptColumns    = "consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at"
 )
 
+// byEvent selects cols of table's rows of one event id, in group order.
+// Both tables' primary keys are (consumer_group, event_id), so event_id
+// alone reads the whole table (160 ms at 1 M rows). Instead it walks the
+// few groups along the primary key and looks up (group, event) in each:
+// MariaDB and MySQL read the distinct groups with a loose index scan,
+// PostgreSQL, which has none, with a recursive "next group" query. An index
+// on event_id would do the same at the price of one more index write per
+// first delivery.
+func byEvent(d dialect.Dialect, table, cols string) string {
+	if d.Name() == "postgres" {
+		return "WITH RECURSIVE g(consumer_group) AS (SELECT MIN(consumer_group) FROM " + table +
+			" UNION ALL SELECT (SELECT MIN(consumer_group) FROM " + table + " WHERE consumer_group > g.consumer_group) FROM g WHERE g.consumer_group IS NOT NULL)" +
+			" SELECT " + cols + " FROM g JOIN " + table + " USING (consumer_group) WHERE event_id = $1 ORDER BY consumer_group"
+	}
+	return "SELECT " + cols + " FROM (SELECT DISTINCT consumer_group FROM " + table + ") g JOIN " + table +
+		" USING (consumer_group) WHERE event_id = ? ORDER BY consumer_group"
+}
+
 func dialectOf(db *sqlx.DB) (dialect.Dialect, error) {
 	d, err := dialect.For(db)
 	if err != nil {
@@ -41,7 +59,7 @@ func (t TableNames) ConsumeLogByEvent(ctx context.Context, db *sqlx.DB, id strin
 		return nil, err
 	}
 	var rows []ConsumeLogRow
-	if err := db.SelectContext(ctx, &rows, d.Rebind("SELECT "+consumeLogColumns+" FROM "+t.ConsumeLog+" WHERE event_id = ? ORDER BY consumer_group"), id); err != nil {
+	if err := db.SelectContext(ctx, &rows, byEvent(d, t.ConsumeLog, consumeLogColumns), id); err != nil {
 		return nil, fmt.Errorf("consumer: consume log of %s: %w", id, err)
 	}
 	return rows, nil
@@ -54,7 +72,7 @@ func (t TableNames) AttemptsByEvent(ctx context.Context, db *sqlx.DB, id string)
 		return nil, err
 	}
 	var rows []AttemptRow
-	if err := db.SelectContext(ctx, &rows, d.Rebind("SELECT "+attemptColumns+" FROM "+t.Attempt+" WHERE event_id = ? ORDER BY consumer_group"), id); err != nil {
+	if err := db.SelectContext(ctx, &rows, byEvent(d, t.Attempt, attemptColumns), id); err != nil {
 		return nil, fmt.Errorf("consumer: attempts of %s: %w", id, err)
 	}
 	return rows, nil

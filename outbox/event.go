@@ -109,7 +109,7 @@ type Row struct {
 	OwnerToken       string
 	LeaseUntil       time.Time // zero when not SENDING
 	RetryCount       int
-	NextRetryAt      time.Time
+	NextRetryAt      time.Time // when due; for SENT and DEAD, when it became so (retention reads it)
 	LastErrorCode    string
 	LastErrorMessage string
 	CreatedAt        time.Time

@@ -112,8 +112,16 @@ func (t Table) retirable(st Status, cutoff time.Time) (retire.Rule, error) {
 	if st != StatusSent && st != StatusDead {
 		return retire.Rule{}, fmt.Errorf("%w: only SENT and DEAD rows are retired, not %q", ErrConfig, st)
 	}
-	return retire.Rule{Table: t.name, PK: []string{"event_id"}, Where: "status = ? AND updated_at < ?",
-		Args: []any{string(st), cutoff.UTC()}, OrderBy: "updated_at"}, nil
+	// A row becomes SENT or DEAD with next_retry_at set to that moment, so
+	// the dispatch index (status, next_retry_at, ...) yields the terminal
+	// rows oldest first and a batch reads about limit rows, with no index
+	// beyond the dispatcher's own. updated_at still decides: a row made
+	// terminal before that rule (its next_retry_at is when it was last
+	// due, never later than its last update) or updated since is kept
+	// until its last update is past the cutoff.
+	cutoff = cutoff.UTC()
+	return retire.Rule{Table: t.name, PK: []string{"event_id"}, Where: "status = ? AND next_retry_at < ? AND updated_at < ?",
+		Args: []any{string(st), cutoff, cutoff}, OrderBy: "next_retry_at"}, nil
 }
 
 // CountRetirable returns the number of rows in the terminal state st (SENT

@@ -45,10 +45,16 @@ func (s *Store) Tally(ctx context.Context, fn func(group, state string, rows int
 // retirable are the rows resolved before cutoff. Every row of this log is
 // terminal; the state predicate keeps it so should an in-flight state
 // appear (I9).
+// One index range per state: see retire.Rule.Parts.
 func (s *Store) retirable(cutoff time.Time) retire.Rule {
+	cutoff = cutoff.UTC()
 	return retire.Rule{Table: s.table, PK: []string{"event_id"},
-		Where: "state IN (?, ?) AND resolved_at < ?", Args: []any{string(StateCommitted), string(StateRolledBack), cutoff.UTC()},
-		OrderBy: "resolved_at"}
+		Where: "state IN (?, ?) AND resolved_at < ?", Args: []any{string(StateCommitted), string(StateRolledBack), cutoff},
+		OrderBy: "resolved_at",
+		Parts: []retire.Part{
+			{Where: "state = ? AND resolved_at < ?", Args: []any{string(StateCommitted), cutoff}},
+			{Where: "state = ? AND resolved_at < ?", Args: []any{string(StateRolledBack), cutoff}},
+		}}
 }
 
 // CountRetirable returns the number of rows resolved before cutoff.

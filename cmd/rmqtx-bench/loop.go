@@ -19,6 +19,15 @@ type LoopResult struct {
 	FirstErr  error
 	Elapsed   time.Duration
 	Latencies []time.Duration // successful operations, sorted
+	// Measured, when set, are percentiles another process measured (a side
+	// whose rounds it runs itself: javaside.go); Latencies is then empty.
+	Measured *MeasuredLatency
+}
+
+// MeasuredLatency is p50, p99 and p99.9 in milliseconds, nearest rank as
+// Percentile computes them.
+type MeasuredLatency struct {
+	P50Ms, P99Ms, P999Ms float64
 }
 
 // Round converts the result into a report round.
@@ -31,6 +40,8 @@ func (l LoopResult) Round(index int) Round {
 		r.P50Ms = ms(Percentile(l.Latencies, 50))
 		r.P99Ms = ms(Percentile(l.Latencies, 99))
 		r.P999Ms = ms(Percentile(l.Latencies, 99.9))
+	} else if m := l.Measured; m != nil {
+		r.P50Ms, r.P99Ms, r.P999Ms = m.P50Ms, m.P99Ms, m.P999Ms
 	}
 	return r
 }

@@ -50,6 +50,9 @@ type Options struct {
 	NoTxlogIdx  bool   // drop the txlog's secondary indexes (experiment)
 	Tracing     bool   // producer: add an rmqtx Send side with OpenTelemetry tracing on
 	Phases      bool   // producer: add an rmqtx Send side whose spans give the phase breakdown
+	Java        bool   // producer: add the Java TransactionMQProducer sides (javaside.go)
+	JavaJDBC    string // extra JDBC URL parameters for the Java sides ("k=v&k2=v2")
+	CPUSplit    bool   // producer: profile every round and split its CPU by part (cpusplit.go)
 	// NetDelay puts a delay proxy (this much each way) between every side
 	// and the database, the name server and the brokers (netdelay.go).
 	NetDelay time.Duration
@@ -112,6 +115,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
 	fs.DurationVar(&opt.NetDelay, "net-delay", 0, "every side reaches the database, the name server and the brokers through loopback delay proxies adding this much each way, e.g. 0.5ms (0: direct)")
 	fs.BoolVar(&opt.Phases, "phases", false, "producer: add a side \"rmqtx Send + phase spans\" (every span sampled, kept in memory) whose spans give each Send's half/local/end breakdown and breaks the raw tx sides down too (off by default: the raw sides then run exactly what a user writes)")
+	fs.BoolVar(&opt.CPUSplit, "cpu-split", false, "producer: profile each side's every round and split the CPU per committed Send into rmqtx, client, sql+driver, bench, runtime/other, broker and database (not with -cpuprofile)")
+	fs.BoolVar(&opt.Java, "java", false, "producer: add sides \"java tx producer\" and \"java tx producer + log\": a Java TransactionMQProducer over JDBC (interop/java BenchTx, built by scripts/interop-java.sh: needs OpenJDK 17 and Maven)")
+	fs.StringVar(&opt.JavaJDBC, "java-jdbc-params", "", "producer, -java: extra JDBC URL parameters for the Java sides, e.g. useServerPrepStmts=true (MariaDB Connector/J) or prepareThreshold=1 (PostgreSQL)")
 	registerScaleFlags(fs, &opt.Scale)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -133,6 +139,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if opt.NetDelay < 0 {
 		fmt.Fprintln(stderr, "rmqtx-bench: -net-delay must be >= 0")
+		return 2
+	}
+	if opt.CPUSplit && cpuProfile != "" {
+		fmt.Fprintln(stderr, "rmqtx-bench: -cpu-split profiles every round itself: it cannot run with -cpuprofile")
 		return 2
 	}
 	if scaleRequested(opt.Workloads) {
@@ -198,6 +208,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if opt.Phases {
 		rep.Settings["phases"] = "true"
+	}
+	if opt.Java {
+		rep.Settings["java"] = "true"
+		if opt.JavaJDBC != "" {
+			rep.Settings["java_jdbc_params"] = opt.JavaJDBC
+		}
+	}
+	if opt.CPUSplit {
+		rep.Settings["cpu_split"] = "true"
 	}
 	if opt.NetDelay > 0 {
 		rep.Settings["net_delay"] = opt.NetDelay.String()
@@ -323,6 +342,7 @@ func addRatios(w *Workload) {
 		w.AddRatio("raw tx producer / raw SendSync ceiling", sideRawTx, sideRawSendSync, 0)
 		w.AddRatio("rmqtx Send + tracing / rmqtx Send", sideRmqtxTraced, sideRmqtxSend, 0)
 		w.AddRatio("rmqtx Send + phase spans / rmqtx Send", sideRmqtxPhases, sideRmqtxSend, 0)
+		addJavaRatios(w)
 		addLatencyRatios(w)
 	case "localtx":
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)

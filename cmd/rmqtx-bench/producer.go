@@ -35,6 +35,9 @@ type loopSide struct {
 	table string // business table the side writes ("" for none)
 	// probe measures pool waits, checks and phases per round (phases.go).
 	probe *roundProbe
+	// round, when set, runs a whole round (or warm-up) itself instead of
+	// op: a side another process runs (javaside.go); run calls it.
+	round func(ctx context.Context, d time.Duration, n int64, warmup bool) LoopResult
 }
 
 func (s *loopSide) counted(op Op) Op {
@@ -132,7 +135,20 @@ func runProducer(ctx context.Context, e *Env) *Workload {
 		}
 	}
 
+	// The Java TransactionMQProducer over JDBC (-java, javaside.go).
+	if o.Java {
+		js, err := javaSides(ctx, e)
+		if err != nil {
+			w.Error = err.Error()
+			return w
+		}
+		for _, s := range js {
+			add(s)
+		}
+	}
+
 	measureLoops(ctx, e, w, sides)
+	w.Notes = append(w.Notes, javaNotes(w)...)
 	if e.Net != nil {
 		w.Notes = append(w.Notes, "net-delay: every side reaches the database, the name server and the broker through loopback delay proxies: "+e.Net.Summary())
 		for _, warn := range e.Net.Warnings() {
@@ -162,6 +178,7 @@ func roundDesc(o Options) string {
 // rotating order, and checks each side's business table afterwards.
 func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 	o := e.Opt
+	split := newCPUSplitter(e, w) // nil without -cpu-split
 	var live []*loopSide
 	for _, s := range sides {
 		if s.side.Skipped != "" {
@@ -169,7 +186,7 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 		}
 		live = append(live, s)
 		if o.Warmup > 0 {
-			res := RunLoop(ctx, o.Concurrency, o.Warmup, 0, s.op)
+			res := s.run(ctx, o.Concurrency, o.Warmup, 0, true)
 			e.Log("  warm-up %-32s %6d ops %4d errors", s.side.Name, res.Count, res.Errors)
 			if res.Count == 0 && res.FirstErr != nil {
 				s.side.Skipped = "warm-up failed: " + res.FirstErr.Error()
@@ -189,8 +206,10 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 				continue
 			}
 			s.probe.begin()
-			res := RunLoop(ctx, o.Concurrency, o.Duration, o.N, s.op)
+			split.begin(w)
+			res := s.run(ctx, o.Concurrency, o.Duration, o.N, false)
 			ro := res.Round(r + 1)
+			split.finish(w, &ro)
 			ps := s.probe.finish(&ro)
 			s.side.Rounds = append(s.side.Rounds, ro)
 			e.Log("  round %d %-32s %8.1f %s p50 %.2fms p99 %.2fms p99.9 %.2fms errors %d", r+1, name, ro.Rate, s.side.Unit, ro.P50Ms, ro.P99Ms, ro.P999Ms, ro.Errors)
@@ -205,6 +224,7 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 			}
 		}
 	}
+	split.summarize(e, w)
 	// Every committed operation must have left exactly one business row.
 	for _, s := range live {
 		if s.table == "" {

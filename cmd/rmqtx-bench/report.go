@@ -76,6 +76,8 @@ type Side struct {
 	Errors  int64   `json:"errors"` // summed over the rounds
 	// Skipped says why the side did not run (e.g. a package not built yet).
 	Skipped string `json:"skipped,omitempty"`
+	// CPUSplit is the CPU per operation by part (-cpu-split, cpusplit.go).
+	CPUSplit *CPUSplit `json:"cpu_split,omitempty"`
 }
 
 // Summarize fills the side's medians from its rounds.
@@ -395,6 +397,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(w, "  %-34s %12s %9s %9s %9s %8.2f %6d  %s\n", s.Name,
 				fmtRate(s.Rate)+" "+s.Unit, fmtMs(s.P50Ms), fmtMs(s.P99Ms), fmtMs(s.P999Ms), s.Seconds, s.Errors, strings.Join(rr, " "))
 		}
+		writeCPUSplitTable(w, "  ", wl.Sides)
 		for _, ra := range wl.Ratios {
 			target := ra.TargetText()
 			var rr []string

@@ -34,7 +34,8 @@ const (
 	scaleSpan        = 28 * 24 * time.Hour // timestamps spread over four weeks, oldest first
 	scaleChunk       = 1_000_000           // rows per INSERT ... SELECT
 	scaleRolledEvery = 50                  // every 50th txlog row is a fence (ROLLED_BACK): 2 %
-	scaleTailPerMill = 1                   // newest 0.1 % of the outbox and the consumer rows are unfinished
+	scaleTailPerMill = 1                   // newest 0.1 % of the outbox and the consumer rows are unfinished,
+	scaleTailMax     = 1000                // up to this many: unfinished work follows failures, not the table's age
 	scaleEventType   = benchEventType
 )
 
@@ -61,7 +62,7 @@ func newPreloadShape(rows int64, ids, salt string, payload int, now time.Time, g
 	if payload < 12 {
 		payload = 12
 	}
-	tail := rows * scaleTailPerMill / 1000
+	tail := min(rows*scaleTailPerMill/1000, scaleTailMax)
 	return preloadShape{
 		Rows: rows, IDs: ids, Salt: salt, Base: now.Add(-scaleSpan).UTC().Truncate(time.Millisecond),
 		Payload: payload, Group: group, CGroup: cgroup, Topic: topic, TailFrom: rows - tail + 1,
@@ -212,7 +213,8 @@ func (p preloadShape) preloadSQL(engine string, t preloadTables, lo, hi int64) [
 		"SELECT id, " + ev + ", " + quoteLit(p.Topic) + ", bk, p, " +
 		"CASE WHEN " + tail + " THEN '" + string(outbox.StatusRetry) + "' ELSE '" + string(outbox.StatusSent) + "' END, " +
 		"CASE WHEN " + tail + " THEN 3 ELSE 0 END, " +
-		"CASE WHEN " + tail + " THEN " + retryAt + " ELSE created END, " +
+		"CASE WHEN " + tail + " THEN " + retryAt + " ELSE " + later(20) + " END, " + // SENT: stamped when sent, as the dispatcher does
+
 		"CASE WHEN " + tail + " THEN 'SEND_FAILED' ELSE NULL END, " +
 		"CASE WHEN " + tail + " THEN 'bench: preloaded retry' ELSE NULL END, created, " +
 		"CASE WHEN " + tail + " THEN NULL ELSE " + later(20) + " END, " +

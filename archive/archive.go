@@ -253,11 +253,14 @@ type RuleReport struct {
 	Rule      string        `json:"rule"`
 	Retention time.Duration `json:"retention_ns"`
 	Cutoff    time.Time     `json:"cutoff"`
-	Eligible  int64         `json:"eligible"` // rows matching when the rule started
-	Removed   int64         `json:"removed"`  // rows deleted (0 in a dry run)
-	Moved     int64         `json:"moved"`    // rows copied to the archive table
-	Batches   int           `json:"batches"`
-	Missing   bool          `json:"missing,omitempty"` // the table does not exist
+	// Eligible: in a dry run (Plan), the rows matching now; in a Run, the
+	// rows it removed, with More set when MaxBatches stopped it first.
+	Eligible int64 `json:"eligible"`
+	Removed  int64 `json:"removed"` // rows deleted (0 in a dry run)
+	Moved    int64 `json:"moved"`   // rows copied to the archive table
+	Batches  int   `json:"batches"`
+	Missing  bool  `json:"missing,omitempty"` // the table does not exist
+	More     bool  `json:"more,omitempty"`    // Run: MaxBatches ended it with rows left
 }
 
 // Report is the outcome of Plan or Run.
@@ -309,7 +312,9 @@ func New(cfg Config) (*Archiver, error) {
 // Config returns the configuration with defaults applied.
 func (a *Archiver) Config() Config { return a.cfg }
 
-// Plan counts what Run would remove now (a dry run). It writes nothing.
+// Plan counts what Run would remove now (a dry run). It writes nothing. The
+// count reads every eligible row, so on large tables it takes a while; Run
+// does not count first.
 func (a *Archiver) Plan(ctx context.Context) (Report, error) { return a.do(ctx, true) }
 
 // Run removes (or moves) the eligible rows, batch by batch. It returns the
@@ -332,12 +337,17 @@ func (a *Archiver) do(ctx context.Context, dry bool) (Report, error) {
 				rep.Rules = append(rep.Rules, rr)
 				continue
 			}
-			if rr.Eligible, err = ru.count(ctx, a.o, rr.Cutoff); err != nil {
-				rep.Rules = append(rep.Rules, rr)
-				return rep, fmt.Errorf("archive: count %s: %w", name, err)
-			}
-			if !dry && rr.Eligible > 0 {
+			if dry {
+				if rr.Eligible, err = ru.count(ctx, a.o, rr.Cutoff); err != nil {
+					rep.Rules = append(rep.Rules, rr)
+					return rep, fmt.Errorf("archive: count %s: %w", name, err)
+				}
+			} else {
+				// No count first: it would read every eligible row before
+				// removing any (seconds at millions of rows, for a figure
+				// the batches give anyway).
 				err = a.runRule(ctx, name, ru, &rr)
+				rr.Eligible = rr.Removed
 			}
 			rep.Rules = append(rep.Rules, rr)
 			a.cfg.Logger.WithFields(logrus.Fields{"table": name, "rule": ru.name, "eligible": rr.Eligible, "removed": rr.Removed, "dry_run": dry}).
@@ -372,5 +382,6 @@ func (a *Archiver) runRule(ctx context.Context, name string, ru rule, rr *RuleRe
 			return nil
 		}
 	}
+	rr.More = true
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/internal/dialect"
@@ -104,6 +105,14 @@ type Config struct {
 	Batch int
 	// MaxBatches bounds one Run per table (0: until nothing is left).
 	MaxBatches int
+	// RowsPerSecond paces Run: a batch starts only when the rows removed
+	// so far fit this rate (golang.org/x/time/rate, one batch of burst).
+	// 0, the default, runs the batches back to back. A backlog drains
+	// fastest unpaced, but an unpaced archiver competes with the services
+	// for the database's CPU and raises their tail latency; in steady state
+	// it only has to remove what they write, so a rate a few times the
+	// write rate keeps up at a fraction of the cost (BENCHMARKS.md, Scale).
+	RowsPerSecond float64
 	// Move copies rows to <table>_archive (created LIKE the table when
 	// missing) in the same transaction as the delete, instead of only
 	// deleting them. A row archived twice (same key) is replaced.
@@ -159,6 +168,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxBatches < 0 {
 		return fmt.Errorf("%w: MaxBatches must not be negative", ErrConfig)
+	}
+	if c.RowsPerSecond < 0 {
+		return fmt.Errorf("%w: RowsPerSecond must not be negative", ErrConfig)
 	}
 	for _, t := range c.Tables {
 		if _, ok := specs[t]; !ok {
@@ -365,9 +377,18 @@ func (a *Archiver) runRule(ctx context.Context, name string, ru rule, rr *RuleRe
 	if a.cfg.Move {
 		moveTo = name + "_archive"
 	}
+	var lim *rate.Limiter
+	if a.cfg.RowsPerSecond > 0 {
+		lim = rate.NewLimiter(rate.Limit(a.cfg.RowsPerSecond), a.cfg.Batch)
+	}
 	for a.cfg.MaxBatches == 0 || rr.Batches < a.cfg.MaxBatches {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("archive: %s: %w", name, err)
+		}
+		if lim != nil {
+			if err := lim.WaitN(ctx, a.cfg.Batch); err != nil {
+				return fmt.Errorf("archive: %s: %w", name, err)
+			}
 		}
 		removed, moved, more, err := ru.batch(ctx, a.o, rr.Cutoff, a.cfg.Batch, moveTo)
 		if removed > 0 || moved > 0 || more || err != nil {

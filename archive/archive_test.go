@@ -242,3 +242,31 @@ func TestArchiveConfig(t *testing.T) {
 	require.Equal(t, 500, a.Config().Batch)
 	require.Equal(t, archive.DefaultConsumeLogRetention, a.Config().ConsumeLogRetention)
 }
+
+// RowsPerSecond paces a run: removing rows past one batch's burst takes at
+// least the time the rate allows, and removes the same rows.
+func TestArchivePacedByRowsPerSecond(t *testing.T) {
+	t.Parallel()
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		migrateAll(t, db)
+		now := time.Now().UTC()
+		old := now.Add(-400 * 24 * time.Hour)
+		for i := range 40 {
+			_, err := db.Exec(db.Rebind(`INSERT INTO rmqtx_txlog (event_id, state, created_at, resolved_at, resolved_by) VALUES (?, 'COMMITTED', ?, ?, 'LOCAL_COMMIT')`),
+				fmt.Sprintf("paced-%02d", i), old, old)
+			require.NoError(t, err)
+		}
+		a, err := archive.New(archive.Config{DB: db, Batch: 10, RowsPerSecond: 100, Tables: []archive.Table{archive.Txlog}})
+		require.NoError(t, err)
+		start := time.Now()
+		rep, err := a.Run(context.Background())
+		require.NoError(t, err)
+		took := time.Since(start)
+		require.Equal(t, int64(40), rep.Removed())
+		// The first batch is the burst; the next three wait 100 ms each, and
+		// a last, empty batch confirms nothing is left (another 100 ms).
+		require.GreaterOrEqual(t, took, 300*time.Millisecond, "paced at 100 rows/s in batches of 10")
+		require.False(t, rep.Rules[0].More)
+		require.Equal(t, int64(40), rep.Rules[0].Eligible)
+	})
+}

@@ -22,6 +22,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Tables", func(c *Config) { c.Tables = []Table{"nope"} }},
 		{"Batch", func(c *Config) { c.Batch = -1 }},
 		{"MaxBatches", func(c *Config) { c.MaxBatches = -1 }},
+		{"RowsPerSecond", func(c *Config) { c.RowsPerSecond = -1 }},
 		{"TxlogRetention", func(c *Config) { c.TxlogRetention = time.Minute }},
 		{"DeadLetterRetention", func(c *Config) { c.DeadLetterRetention = 10000 * 24 * time.Hour }},
 	})

@@ -49,16 +49,18 @@ const (
 
 // Measures of one scale point, in the order they run within a round.
 const (
-	scaleSend      = "Send"
-	scaleFirst     = "first delivery"
-	scaleDup       = "cold duplicate"
-	scaleCheck     = "check-back read"
-	scaleClaim     = "outbox claim"
-	scaleStuck     = "stuck"
-	scaleInspect   = "inspect"
-	scaleSendPlain = "Send, archival off"
-	scaleSendArch  = "Send + archival"
-	scaleArchival  = "archival (txlog)"
+	scaleSend          = "Send"
+	scaleFirst         = "first delivery"
+	scaleDup           = "cold duplicate"
+	scaleCheck         = "check-back read"
+	scaleClaim         = "outbox claim"
+	scaleStuck         = "stuck"
+	scaleInspect       = "inspect"
+	scaleSendPlain     = "Send, archival off"
+	scaleSendArch      = "Send + archival"
+	scaleArchival      = "archival (txlog)"
+	scaleSendPaced     = "Send + archival paced at 5x"
+	scaleArchivalPaced = "archival (txlog) paced at 5x"
 )
 
 // scaleFlags are the -scale-* command-line flags.
@@ -182,18 +184,21 @@ type ScaleMeasure struct {
 
 // ScaleArchive is what archival did during the Send rounds of one point.
 type ScaleArchive struct {
-	Eligible       int64   `json:"eligible"` // txlog rows past retention when the first round started
-	Removed        int64   `json:"removed"`
-	RowsPerSec     float64 `json:"archived_rows_per_s"` // median over the rounds that had rows left
-	SendRate       float64 `json:"send_rate"`           // tx/s, archival off (same rounds)
-	SendRateWith   float64 `json:"send_rate_with"`      // tx/s, archival on
-	SendP99Ms      float64 `json:"send_p99_ms"`
-	SendP99MsWith  float64 `json:"send_p99_ms_with"`
-	KeepUp         float64 `json:"keep_up"`  // archived rows/s / Send tx/s (target >= 5)
-	P99Rise        float64 `json:"p99_rise"` // Send p99 with / without (target <= 1.20)
-	KeepUpMet      *bool   `json:"keep_up_met,omitempty"`
-	P99Met         *bool   `json:"p99_met,omitempty"`
-	DrainedInRound int     `json:"drained_in_round,omitempty"` // round in which nothing eligible was left (0: never)
+	Eligible        int64   `json:"eligible"` // txlog rows past retention when the first round started
+	Removed         int64   `json:"removed"`
+	RowsPerSec      float64 `json:"archived_rows_per_s"` // median over the rounds that had rows left
+	SendRate        float64 `json:"send_rate"`           // tx/s, archival off (same rounds)
+	SendRateWith    float64 `json:"send_rate_with"`      // tx/s, archival on
+	SendP99Ms       float64 `json:"send_p99_ms"`
+	SendP99MsWith   float64 `json:"send_p99_ms_with"`
+	KeepUp          float64 `json:"keep_up"`        // archived rows/s / Send tx/s (target >= 5)
+	P99Rise         float64 `json:"p99_rise"`       // Send p99 with unpaced archival / without (no target)
+	P99RisePaced    float64 `json:"p99_rise_paced"` // Send p99 with archival paced at 5x Send's rate / without (target <= 1.20)
+	SendP99MsPaced  float64 `json:"send_p99_ms_paced"`
+	PacedRowsPerSec float64 `json:"paced_rows_per_s"`
+	KeepUpMet       *bool   `json:"keep_up_met,omitempty"`
+	P99Met          *bool   `json:"p99_met,omitempty"`
+	DrainedInRound  int     `json:"drained_in_round,omitempty"` // round in which nothing eligible was left (0: never)
 }
 
 // ScalePoint is one point of the curve: a database, an id layout, a size.
@@ -268,7 +273,7 @@ func runScale(ctx context.Context, e *Env) *Workload {
 		fmt.Sprintf("ratio X / 0 rows: median of the per-round ratios of a measure's rate at N rows to the same measure on empty tables (same database and id layout); target >= %.2fx (within 15%% of empty tables)", targetScaleVsEmpty),
 	)
 	if plan.Archive {
-		w.Notes = append(w.Notes, fmt.Sprintf("archival: per round, a Send round with nothing else running, then one with archive.Archiver.Run (txlog only, default retention %s, batch 500, delete) started with it and stopped when it ends; rows/s = rows removed / time until nothing was left or the round ended; targets: archived rows/s >= %.0fx Send tx/s of the same round, Send p99 with / without <= %.2fx (printed as without / with >= %.2fx)",
+		w.Notes = append(w.Notes, fmt.Sprintf("archival: per round, a Send round with nothing else running, then one with archive.Archiver.Run (txlog only, default retention %s, batch 500, delete) started with it and stopped when it ends, unpaced (its capacity), then one with Run paced at 5x the first round's Send rate (Config.RowsPerSecond: what keeping up at the target costs); rows/s = rows removed / time until nothing was left or the round ended; targets: unpaced archived rows/s >= %.0fx Send tx/s of the same round, Send p99 with the paced archiver / without <= %.2fx (printed as without / with >= %.2fx)",
 			archive.DefaultTxlogRetention, targetArchiveKeepUp, targetArchiveP99Rise, 1/targetArchiveP99Rise))
 	}
 	if len(errs) > 0 {
@@ -840,7 +845,9 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 	plain := &Side{Name: label + " " + scaleSendPlain, Unit: "tx/s", Description: "Send round of an archival pair, nothing else running"}
 	with := &Side{Name: label + " " + scaleSendArch, Unit: "tx/s", Description: "Send round with archive.Archiver.Run on the txlog at the same time"}
 	arch := &Side{Name: label + " " + scaleArchival, Unit: "rows/s", Description: fmt.Sprintf("archive.Archiver.Run (Tables txlog, retention %s, batch 500, delete) during a Send round: rows removed / time until none was left or the round ended", archive.DefaultTxlogRetention)}
-	out := []*Side{plain, with, arch}
+	withPaced := &Side{Name: label + " " + scaleSendPaced, Unit: "tx/s", Description: fmt.Sprintf("Send round with archive.Archiver.Run on the txlog paced at %.0fx the rate of the round without (Config.RowsPerSecond)", targetArchiveKeepUp)}
+	archPaced := &Side{Name: label + " " + scaleArchivalPaced, Unit: "rows/s", Description: "the paced archiver's rows removed / time"}
+	out := []*Side{plain, with, arch, withPaced, archPaced}
 	a, err := archive.New(archive.Config{DB: pe.DB, TablePrefix: sqlname.DefaultPrefix, Tables: []archive.Table{archive.Txlog}})
 	if err != nil {
 		return out, err
@@ -853,47 +860,52 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 	for _, r := range plan.Rules {
 		res.Eligible += r.Eligible
 	}
-	var keep, rise []float64
+	var keep, rise, risePaced []float64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
 		p := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
 		plain.Rounds = append(plain.Rounds, p)
 
-		actx, stop := context.WithCancel(ctx)
-		var (
-			rep     archive.Report
-			runErr  error
-			elapsed time.Duration
-			done    = make(chan struct{})
-		)
-		go func() {
-			defer close(done)
-			t0 := time.Now()
-			rep, runErr = a.Run(actx)
-			elapsed = time.Since(t0)
-		}()
-		wr := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
-		stop()
-		<-done
+		wr, removed, elapsed, runErr := scaleArchiveRound(ctx, a, send, o, r)
 		if runErr != nil && !errors.Is(runErr, context.Canceled) {
 			return out, fmt.Errorf("archive: %w", runErr)
 		}
 		with.Rounds = append(with.Rounds, wr)
-		removed := rep.Removed()
 		res.Removed += removed
 		ar := Round{Index: r + 1, Count: removed, Seconds: elapsed.Seconds()}
 		if elapsed > 0 {
 			ar.Rate = float64(removed) / elapsed.Seconds()
 		}
 		arch.Rounds = append(arch.Rounds, ar)
-		pe.Log("  round %d %-36s %9.1f tx/s p99 %.2fms | with archival %9.1f tx/s p99 %.2fms | archived %d rows in %.2fs = %.0f rows/s",
-			r+1, label+" Send", p.Rate, p.P99Ms, wr.Rate, wr.P99Ms, removed, elapsed.Seconds(), ar.Rate)
+
+		// The same, paced at the target: what keeping up at 5x costs.
+		pacedAt := targetArchiveKeepUp * p.Rate
+		ap, err := archive.New(archive.Config{DB: pe.DB, TablePrefix: sqlname.DefaultPrefix, Tables: []archive.Table{archive.Txlog}, RowsPerSecond: pacedAt})
+		if err != nil {
+			return out, err
+		}
+		pr, premoved, pelapsed, perr := scaleArchiveRound(ctx, ap, send, o, r)
+		if perr != nil && !errors.Is(perr, context.Canceled) {
+			return out, fmt.Errorf("archive paced: %w", perr)
+		}
+		withPaced.Rounds = append(withPaced.Rounds, pr)
+		res.Removed += premoved
+		apr := Round{Index: r + 1, Count: premoved, Seconds: pelapsed.Seconds()}
+		if pelapsed > 0 {
+			apr.Rate = float64(premoved) / pelapsed.Seconds()
+		}
+		archPaced.Rounds = append(archPaced.Rounds, apr)
+		pe.Log("  round %d %-36s %9.1f tx/s p99 %.2fms | with archival %9.1f tx/s p99 %.2fms, archived %d rows in %.2fs = %.0f rows/s | paced at %.0f rows/s: %9.1f tx/s p99 %.2fms, archived %.0f rows/s",
+			r+1, label+" Send", p.Rate, p.P99Ms, wr.Rate, wr.P99Ms, removed, elapsed.Seconds(), ar.Rate, pacedAt, pr.Rate, pr.P99Ms, apr.Rate)
 		if removed > 0 && wr.Rate > 0 {
 			keep = append(keep, ar.Rate/wr.Rate)
 		}
 		if removed > 0 && p.P99Ms > 0 && wr.P99Ms > 0 {
 			rise = append(rise, wr.P99Ms/p.P99Ms)
 		}
-		if res.DrainedInRound == 0 && runErr == nil {
+		if premoved > 0 && p.P99Ms > 0 && pr.P99Ms > 0 {
+			risePaced = append(risePaced, pr.P99Ms/p.P99Ms)
+		}
+		if res.DrainedInRound == 0 && (runErr == nil || perr == nil) {
 			res.DrainedInRound = r + 1
 		}
 	}
@@ -920,14 +932,47 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 		for i, x := range rise {
 			inv[i] = 1 / x
 		}
-		rp := scaleRatio(label+" Send p99 without / with archival", plain.Name, with.Name, inv, 1/targetArchiveP99Rise)
-		w.Ratios = append(w.Ratios, rp)
+		w.Ratios = append(w.Ratios, scaleRatio(label+" Send p99 without / with archival unpaced", plain.Name, with.Name, inv, 0))
 		res.P99Rise = Median(rise)
+	}
+	if len(risePaced) > 0 {
+		inv := make([]float64, len(risePaced))
+		for i, x := range risePaced {
+			inv[i] = 1 / x
+		}
+		rp := scaleRatio(label+" Send p99 without / with archival paced at 5x", plain.Name, withPaced.Name, inv, 1/targetArchiveP99Rise)
+		w.Ratios = append(w.Ratios, rp)
+		res.P99RisePaced = Median(risePaced)
 		res.P99Met = rp.Met
+		res.SendP99MsPaced = withPaced.P99Ms
+		res.PacedRowsPerSec = archPaced.Rate
 	}
 	pt.Archive = res
 	w.Notes = append(w.Notes, scaleArchiveNote(label, res))
 	return out, nil
+}
+
+// scaleArchiveRound runs one Send round with a's Run going on at the same
+// time, stopped when the round ends. It returns the round, the rows removed,
+// how long Run ran, and Run's error (nil: it finished, nothing was left).
+func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide, o Options, r int) (Round, int64, time.Duration, error) {
+	actx, stop := context.WithCancel(ctx)
+	var (
+		rep     archive.Report
+		runErr  error
+		elapsed time.Duration
+		done    = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		t0 := time.Now()
+		rep, runErr = a.Run(actx)
+		elapsed = time.Since(t0)
+	}()
+	wr := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
+	stop()
+	<-done
+	return wr, rep.Removed(), elapsed, runErr
 }
 
 // scaleRatio is a Ratio from per-round values computed by the caller.
@@ -960,9 +1005,9 @@ func scaleArchiveNote(label string, a *ScaleArchive) string {
 	if a.DrainedInRound > 0 {
 		drained = fmt.Sprintf("nothing eligible left during round %d; rounds that removed nothing are not in the rate", a.DrainedInRound)
 	}
-	return fmt.Sprintf("archival %s: %d of %d eligible txlog rows removed, %.0f rows/s (%s); keeps up %.1fx Send's write rate (>= %.0fx: %s); Send p99 %.2fms without, %.2fms with = %.2fx (<= %.2fx: %s); Send %.0f tx/s without, %.0f with",
+	return fmt.Sprintf("archival %s: %d of %d eligible txlog rows removed, %.0f rows/s unpaced (%s); keeps up %.1fx Send's write rate (>= %.0fx: %s); Send p99 %.2fms without, %.2fms with unpaced archival (%.2fx), %.2fms with archival paced at %.0fx (%.0f rows/s) = %.2fx (<= %.2fx: %s); Send %.0f tx/s without, %.0f with unpaced",
 		label, a.Removed, a.Eligible, a.RowsPerSec, drained, a.KeepUp, targetArchiveKeepUp, verdict(a.KeepUpMet),
-		a.SendP99Ms, a.SendP99MsWith, a.P99Rise, targetArchiveP99Rise, verdict(a.P99Met), a.SendRate, a.SendRateWith)
+		a.SendP99Ms, a.SendP99MsWith, a.P99Rise, a.SendP99MsPaced, targetArchiveKeepUp, a.PacedRowsPerSec, a.P99RisePaced, targetArchiveP99Rise, verdict(a.P99Met), a.SendRate, a.SendRateWith)
 }
 
 // scaleRequested reports whether the scale workload is among ws.

@@ -414,6 +414,7 @@ func cmdArchive(ctx context.Context, args []string, env func(string) string, std
 	dry := fs.Bool("dry-run", false, "count what would be removed; change nothing")
 	move := fs.Bool("move", false, "copy rows to <table>_archive before deleting them")
 	batch := fs.Int("batch", 500, "rows per delete transaction")
+	pace := fs.Float64("rows-per-second", 0, "pace the removal to this many rows per second (0: batches back to back)")
 	tables := fs.String("tables", "", "comma separated subset of txlog,outbox,consume_log,dead_letter (default all)")
 	var cfg archive.Config
 	fs.DurationVar(&cfg.TxlogRetention, "txlog-retention", archive.DefaultTxlogRetention, "txlog retention (min 24h)")
@@ -431,7 +432,7 @@ func cmdArchive(ctx context.Context, args []string, env func(string) string, std
 	if err != nil {
 		return 0, err
 	}
-	cfg.Now, cfg.Move, cfg.Batch, cfg.TablePrefix = now, *move, *batch, o.prefix
+	cfg.Now, cfg.Move, cfg.Batch, cfg.TablePrefix, cfg.RowsPerSecond = now, *move, *batch, o.prefix, *pace
 	return o.withDB(ctx, func(ctx context.Context, db *sqlx.DB) (int, error) {
 		cfg.DB = db
 		a, err := archive.New(cfg)

@@ -53,6 +53,7 @@ const (
 	scaleFirst         = "first delivery"
 	scaleDup           = "cold duplicate"
 	scaleCheck         = "check-back read"
+	scaleCheckRecent   = "check-back read, recent"
 	scaleClaim         = "outbox claim"
 	scaleStuck         = "stuck"
 	scaleInspect       = "inspect"
@@ -269,7 +270,7 @@ func runScale(ctx context.Context, e *Env) *Workload {
 		"row shape: timestamps spread over 4 weeks, oldest first; txlog 98% COMMITTED (payload, hash, envelope properties with the half's UNIQ_KEY), 2% ROLLED_BACK fences; outbox SENT except the newest 0.1% up to 1,000 rows (RETRY, next try in an hour); consume log SUCCESS except the same newest rows, which are consume_attempt rows being retried",
 		"id layouts: time = UUIDv7 ids (rmqtx assigns them: preloaded ids carry their row's timestamp, Sends let txproducer assign one); hashed = ids from business keys (preloaded: MD5 of the key in UUIDv5 layout; Sends: UUIDv5 of the event type and a new order key, as the README recommends), so inserts land on random B-tree pages",
 		"Send: txproducer.Send on the preloaded txlog (same producer group), real broker, business INSERT in the local tx; first delivery: consumer.Processor.Process of new events (dedup INSERT + business INSERT), no broker; cold duplicate: a second Processor with its dedup cache off, redelivering random preloaded applied events (at size 0: events the first-delivery rounds applied)",
-		"check-back read: checkback.Checker.CheckQuery of random preloaded COMMITTED ids (at size 0: ids the Send rounds committed), must answer COMMIT from the row, one at a time as the client answers checks; outbox claim: "+fmt.Sprint(scaleClaimRows)+" rows enqueued per round and drained by an outbox.Dispatcher with a no-op sink (rate = rows/s; mean claim transaction in the note); stuck: inspect.Inspector.Stuck(1m, 100) as `rmqtx stuck`; inspect: Inspector.Event of random ids as `rmqtx inspect ID --no-broker`",
+		"check-back read: checkback.Checker.CheckQuery of random preloaded COMMITTED ids (at size 0: ids the Send rounds committed), must answer COMMIT from the row, one at a time as the client answers checks; check-back read, recent: the same for ids the Send rounds of the point committed, at every size (a real check asks about a recent half); outbox claim: "+fmt.Sprint(scaleClaimRows)+" rows enqueued per round and drained by an outbox.Dispatcher with a no-op sink (rate = rows/s; mean claim transaction in the note); stuck: inspect.Inspector.Stuck(1m, 100) as `rmqtx stuck`; inspect: Inspector.Event of random ids as `rmqtx inspect ID --no-broker`",
 		fmt.Sprintf("ratio X / 0 rows: median of the per-round ratios of a measure's rate at N rows to the same measure on empty tables (same database and id layout); target >= %.2fx (within 15%% of empty tables)", targetScaleVsEmpty),
 	)
 	if plan.Archive {
@@ -322,7 +323,7 @@ func scaleRatios(w *Workload, pts []*ScalePoint, sides map[int64][]*Side) {
 func scaleCurveNote(db, ids string, pts []*ScalePoint) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "curve %s/%s:", db, ids)
-	for _, name := range []string{scaleSend, scaleFirst, scaleDup, scaleCheck, scaleClaim, scaleStuck, scaleInspect} {
+	for _, name := range []string{scaleSend, scaleFirst, scaleDup, scaleCheck, scaleCheckRecent, scaleClaim, scaleStuck, scaleInspect} {
 		var parts []string
 		for _, pt := range pts {
 			m := pt.measure(name)
@@ -672,6 +673,21 @@ func scaleSides(ctx context.Context, pe *Env, pt *ScalePoint, shape preloadShape
 			if id, hash, ok = sent.pick(); !ok {
 				return errors.New("check-back: nothing sent yet")
 			}
+		}
+		a := chk.CheckQuery(ctx, checkback.Query{EventID: id, Group: shape.Group, Topic: topic, EventType: benchEventType, PayloadHash: hash})
+		if a.Decision != checkback.Commit || a.Reason != checkback.ReasonFound {
+			return fmt.Errorf("check-back of %s: %s (%s, %v)", id, a.Decision, a.Reason, a.Err)
+		}
+		return nil
+	}
+
+	// The same for ids this point's Send rounds committed: a real check
+	// asks about a half sent seconds or minutes ago, whose row is cached.
+	cbr := add(scaleCheckRecent, "checks/s", "checkback.Checker.CheckQuery of an event id the Send rounds of this point committed (a real check asks about a recent half); otherwise as check-back read", 1, dbWarm)
+	cbr.op = func(ctx context.Context, _ int, _ int64) error {
+		id, hash, ok := sent.pick()
+		if !ok {
+			return errors.New("check-back: nothing sent yet")
 		}
 		a := chk.CheckQuery(ctx, checkback.Query{EventID: id, Group: shape.Group, Topic: topic, EventType: benchEventType, PayloadHash: hash})
 		if a.Decision != checkback.Commit || a.Reason != checkback.ReasonFound {

@@ -475,7 +475,11 @@ func runScalePoint(ctx context.Context, e *Env, k int, pt *ScalePoint, withArchi
 	shape := newPreloadShape(pt.Rows, pt.IDs, salt, o.Payload, time.Now(), e.Names.Name("sgroup"), e.Names.Name("scgroup"), topic)
 	tables := preloadTables{Txlog: store.Table(), Outbox: obTable.Name(), ConsumeLog: ct.ConsumeLog, Attempt: ct.Attempt}
 	if pt.Rows > 0 {
-		pr, err := preload(ctx, pe.DB, pt.DB, tables, shape, scaleChunk, e.Log)
+		chunk := int64(scaleChunk)
+		if pt.IDs == idsHashed {
+			chunk = scaleChunkHashed
+		}
+		pr, err := preload(ctx, pe.DB, pt.DB, tables, shape, chunk, e.Log)
 		if err != nil {
 			return nil, err
 		}

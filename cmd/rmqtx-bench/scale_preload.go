@@ -31,11 +31,14 @@ const (
 
 // Preload shape constants: what real traffic leaves in the tables.
 const (
-	scaleSpan        = 28 * 24 * time.Hour // timestamps spread over four weeks, oldest first
-	scaleChunk       = 1_000_000           // rows per INSERT ... SELECT
-	scaleRolledEvery = 50                  // every 50th txlog row is a fence (ROLLED_BACK): 2 %
-	scaleTailPerMill = 1                   // newest 0.1 % of the outbox and the consumer rows are unfinished,
-	scaleTailMax     = 1000                // up to this many: unfinished work follows failures, not the table's age
+	scaleSpan  = 28 * 24 * time.Hour // timestamps spread over four weeks, oldest first
+	scaleChunk = 1_000_000           // rows per INSERT ... SELECT
+	// Hashed ids land on random pages: a million of them in one statement
+	// outlast the 60 s readTimeout of the services' MySQL DSN.
+	scaleChunkHashed = 100_000
+	scaleRolledEvery = 50   // every 50th txlog row is a fence (ROLLED_BACK): 2 %
+	scaleTailPerMill = 1    // newest 0.1 % of the outbox and the consumer rows are unfinished,
+	scaleTailMax     = 1000 // up to this many: unfinished work follows failures, not the table's age
 	scaleEventType   = benchEventType
 )
 

@@ -387,6 +387,12 @@ func (a *Archiver) runRule(ctx context.Context, name string, ru rule, rr *RuleRe
 		}
 		if lim != nil {
 			if err := lim.WaitN(ctx, a.cfg.Batch); err != nil {
+				rr.More = true
+				if ctx.Err() == nil {
+					// The wait would outlast ctx's deadline: stop now,
+					// as an unpaced run would at the deadline.
+					err = context.DeadlineExceeded
+				}
 				return fmt.Errorf("archive: %s: %w", name, err)
 			}
 		}

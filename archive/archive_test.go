@@ -268,5 +268,21 @@ func TestArchivePacedByRowsPerSecond(t *testing.T) {
 		require.GreaterOrEqual(t, took, 300*time.Millisecond, "paced at 100 rows/s in batches of 10")
 		require.False(t, rep.Rules[0].More)
 		require.Equal(t, int64(40), rep.Rules[0].Eligible)
+
+		// A pace that would outlast the caller's deadline stops at once,
+		// as a deadline error, with rows left.
+		for i := range 20 {
+			_, err := db.Exec(db.Rebind(`INSERT INTO rmqtx_txlog (event_id, state, created_at, resolved_at, resolved_by) VALUES (?, 'COMMITTED', ?, ?, 'LOCAL_COMMIT')`),
+				fmt.Sprintf("slow-%02d", i), old, old)
+			require.NoError(t, err)
+		}
+		slow, err := archive.New(archive.Config{DB: db, Batch: 10, RowsPerSecond: 1, Tables: []archive.Table{archive.Txlog}})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		rep, err = slow.Run(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Equal(t, int64(10), rep.Removed(), "the first batch is the burst")
+		require.True(t, rep.Rules[0].More)
 	})
 }

@@ -42,7 +42,7 @@ func TestRetireConsumeLogReadsOneBatch(t *testing.T) {
 			exec(t, db, "INSERT INTO "+tn.ConsumeLog+" (consumer_group, event_id, event_type, request_hash, status, first_received_at, updated_at) VALUES "+
 				strings.Join(vals, ", "), args...)
 		}
-		exec(t, db, "ANALYZE "+map[bool]string{true: "TABLE ", false: ""}[db.DriverName() == "mysql"]+tn.ConsumeLog)
+		testenv.Analyze(t, db, tn.ConsumeLog)
 
 		rule, err := tn.retirable(RetireConsumeLog, base.Add(rows*time.Second))
 		require.NoError(t, err)
@@ -94,7 +94,7 @@ func TestByEventReadsTheGroupsNotTheTable(t *testing.T) {
 		exec(t, db, "INSERT INTO "+tn.Attempt+" (consumer_group, event_id, attempts, last_class, last_error, first_failed_at, updated_at) SELECT "+
 			grp+", "+ev+", 2, 'transient', 'e', ?, ? FROM "+gen, at, at)
 		for _, tb := range []string{tn.ConsumeLog, tn.Attempt} {
-			exec(t, db, "ANALYZE "+map[bool]string{true: "TABLE ", false: ""}[db.DriverName() == "mysql"]+tb)
+			testenv.Analyze(t, db, tb)
 		}
 		// ev-00777 is rows 1554 (g2) and 1555 (g3).
 		logs, err := tn.ConsumeLogByEvent(ctx, db, "ev-00777")

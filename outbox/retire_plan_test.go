@@ -72,7 +72,7 @@ func TestRetireBatchReadsTheDispatchIndex(t *testing.T) {
 		// Legacy rows: due long ago, SENT after the cutoff. They must stay.
 		insert(0, legacy, func(j int) string { return fmt.Sprintf("legacy-%02d", j) },
 			func(int) Status { return StatusSent }, at, func(int) time.Time { return cutoff.Add(time.Hour) })
-		b.exec(t, "ANALYZE "+map[bool]string{true: "TABLE ", false: ""}[b.db.DriverName() == "mysql"]+b.table.Name())
+		testenv.Analyze(t, b.db, b.table.Name())
 
 		rule, err := b.table.retirable(StatusSent, cutoff)
 		require.NoError(t, err)

@@ -48,11 +48,7 @@ func TestRetireBatchReadsOneBatch(t *testing.T) {
 				strings.Join(vals, ", ")), args...)
 			require.NoError(t, err)
 		}
-		_, err = db.ExecContext(ctx, "ANALYZE TABLE "+s.Table())
-		if db.DriverName() != "mysql" {
-			_, err = db.ExecContext(ctx, "ANALYZE "+s.Table())
-		}
-		require.NoError(t, err)
+		testenv.Analyze(t, db, s.Table())
 
 		rule := txlog.Retirable(s, base.Add(rows*time.Second))
 		q, args := rule.SelectOldest(limit)

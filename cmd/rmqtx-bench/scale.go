@@ -885,17 +885,14 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 		p := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
 		plain.Rounds = append(plain.Rounds, p)
 
-		wr, removed, elapsed, runErr := scaleArchiveRound(ctx, a, send, o, r)
+		wr, ar, runErr := scaleArchiveRound(ctx, a, send, o, r)
 		if runErr != nil && !errors.Is(runErr, context.Canceled) {
 			return out, fmt.Errorf("archive: %w", runErr)
 		}
 		with.Rounds = append(with.Rounds, wr)
-		res.Removed += removed
-		ar := Round{Index: r + 1, Count: removed, Seconds: elapsed.Seconds()}
-		if elapsed > 0 {
-			ar.Rate = float64(removed) / elapsed.Seconds()
-		}
 		arch.Rounds = append(arch.Rounds, ar)
+		removed := ar.Count
+		res.Removed += removed
 
 		// The same, paced at the target: what keeping up at 5x costs.
 		pacedAt := targetArchiveKeepUp * p.Rate
@@ -903,19 +900,16 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 		if err != nil {
 			return out, err
 		}
-		pr, premoved, pelapsed, perr := scaleArchiveRound(ctx, ap, send, o, r)
+		pr, apr, perr := scaleArchiveRound(ctx, ap, send, o, r)
 		if perr != nil && !errors.Is(perr, context.Canceled) {
 			return out, fmt.Errorf("archive paced: %w", perr)
 		}
 		withPaced.Rounds = append(withPaced.Rounds, pr)
-		res.Removed += premoved
-		apr := Round{Index: r + 1, Count: premoved, Seconds: pelapsed.Seconds()}
-		if pelapsed > 0 {
-			apr.Rate = float64(premoved) / pelapsed.Seconds()
-		}
 		archPaced.Rounds = append(archPaced.Rounds, apr)
+		premoved := apr.Count
+		res.Removed += premoved
 		pe.Log("  round %d %-36s %9.1f tx/s p99 %.2fms | with archival %9.1f tx/s p99 %.2fms, archived %d rows in %.2fs = %.0f rows/s | paced at %.0f rows/s: %9.1f tx/s p99 %.2fms, archived %.0f rows/s",
-			r+1, label+" Send", p.Rate, p.P99Ms, wr.Rate, wr.P99Ms, removed, elapsed.Seconds(), ar.Rate, pacedAt, pr.Rate, pr.P99Ms, apr.Rate)
+			r+1, label+" Send", p.Rate, p.P99Ms, wr.Rate, wr.P99Ms, removed, ar.Seconds, ar.Rate, pacedAt, pr.Rate, pr.P99Ms, apr.Rate)
 		if removed > 0 && wr.Rate > 0 {
 			keep = append(keep, ar.Rate/wr.Rate)
 		}
@@ -948,19 +942,11 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 		res.KeepUp, res.KeepUpMet = rk.Value, rk.Met
 	}
 	if len(rise) > 0 {
-		inv := make([]float64, len(rise))
-		for i, x := range rise {
-			inv[i] = 1 / x
-		}
-		w.Ratios = append(w.Ratios, scaleRatio(label+" Send p99 without / with archival unpaced", plain.Name, with.Name, inv, 0))
+		w.Ratios = append(w.Ratios, scaleRatio(label+" Send p99 without / with archival unpaced", plain.Name, with.Name, inverses(rise), 0))
 		res.P99Rise = Median(rise)
 	}
 	if len(risePaced) > 0 {
-		inv := make([]float64, len(risePaced))
-		for i, x := range risePaced {
-			inv[i] = 1 / x
-		}
-		rp := scaleRatio(label+" Send p99 without / with archival paced at 5x", plain.Name, withPaced.Name, inv, 1/targetArchiveP99Rise)
+		rp := scaleRatio(label+" Send p99 without / with archival paced at 5x", plain.Name, withPaced.Name, inverses(risePaced), 1/targetArchiveP99Rise)
 		w.Ratios = append(w.Ratios, rp)
 		res.P99RisePaced = Median(risePaced)
 		res.P99Met = rp.Met
@@ -973,9 +959,10 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 }
 
 // scaleArchiveRound runs one Send round with a's Run going on at the same
-// time, stopped when the round ends. It returns the round, the rows removed,
-// how long Run ran, and Run's error (nil: it finished, nothing was left).
-func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide, o Options, r int) (Round, int64, time.Duration, error) {
+// time, stopped when the round ends. It returns the Send round, the
+// archival round (rows removed, how long Run ran, rows/s), and Run's error
+// (nil: it finished, nothing was left).
+func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide, o Options, r int) (Round, Round, error) {
 	actx, stop := context.WithCancel(ctx)
 	var (
 		rep     archive.Report
@@ -992,7 +979,21 @@ func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide
 	wr := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
 	stop()
 	<-done
-	return wr, rep.Removed(), elapsed, runErr
+	ar := Round{Index: r + 1, Count: rep.Removed(), Seconds: elapsed.Seconds()}
+	if elapsed > 0 {
+		ar.Rate = float64(ar.Count) / elapsed.Seconds()
+	}
+	return wr, ar, runErr
+}
+
+// inverses returns 1/x for each x (a "with / without" ratio printed as
+// "without / with", so that its target reads as at least).
+func inverses(xs []float64) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = 1 / x
+	}
+	return out
 }
 
 // scaleRatio is a Ratio from per-round values computed by the caller.

@@ -60,6 +60,19 @@ func RowsRead(t testing.TB, db *sqlx.DB, query string, args ...any) int64 {
 	return c - b - overhead
 }
 
+// Analyze refreshes table's statistics (MariaDB's ANALYZE TABLE,
+// PostgreSQL's ANALYZE), so a test's bulk-loaded rows get the plan a grown
+// table would.
+func Analyze(t testing.TB, db *sqlx.DB, table string) {
+	t.Helper()
+	q := "ANALYZE " + table
+	if db.DriverName() == "mysql" {
+		q = "ANALYZE TABLE " + table
+	}
+	_, err := db.ExecContext(context.Background(), q)
+	require.NoError(t, err)
+}
+
 // PGPagesRead runs query once on PostgreSQL and returns the buffer pages
 // it touched (EXPLAIN (ANALYZE, BUFFERS): shared blocks hit and read). It
 // sees what RowsRead cannot there: an index scan whose condition is not on

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -14,8 +15,10 @@ import (
 
 // cpuMeter reads the CPU time (user + system) of the bench process and of
 // the database server and the broker when they run on this machine (found
-// in /proc by the port they listen on), so a drain can say where its CPU
-// went per message. When the cores are saturated, throughput is the cores
+// in /proc by the port they listen on, each with its process tree: see
+// treeCPU), so a round can say where its CPU went per operation. It is the
+// bench's one reader of /proc CPU times (the drains, the CPU split, the
+// scale curve). When the cores are saturated, throughput is the cores
 // divided by the sum. Other clients of the same servers count too: only a
 // quiet machine gives clean figures.
 type cpuMeter struct {
@@ -25,8 +28,8 @@ type cpuMeter struct {
 // clockTick is USER_HZ, the unit of /proc/<pid>/stat times (100 on Linux).
 const clockTick = 100
 
-func newCPUMeter(mysqlAddr, brokerAddr string) cpuMeter {
-	return cpuMeter{dbPID: listeningPID(mysqlAddr), brokerPID: listeningPID(brokerAddr)}
+func newCPUMeter(dbAddr, brokerAddr string) cpuMeter {
+	return cpuMeter{dbPID: listeningPID(dbAddr), brokerPID: listeningPID(brokerAddr)}
 }
 
 // listeningPID returns the process listening on addr's TCP port, or 0.
@@ -94,36 +97,89 @@ func (m cpuMeter) sample() cpuSample {
 		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	if m.dbPID > 0 {
-		s.db, s.dbOK = procCPU(m.dbPID)
+		s.db, s.dbOK = treeCPU(m.dbPID)
 	}
 	if m.brokerPID > 0 {
-		s.broker, s.brokerOK = procCPU(m.brokerPID)
+		s.broker, s.brokerOK = treeCPU(m.brokerPID)
 	}
 	return s
 }
 
-// procCPU reads utime + stime of pid from /proc/<pid>/stat.
-func procCPU(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+// sub is the CPU used between b and a (a taken later).
+func (a cpuSample) sub(b cpuSample) cpuSample {
+	return cpuSample{self: a.self - b.self, db: a.db - b.db, broker: a.broker - b.broker, dbOK: a.dbOK && b.dbOK, brokerOK: a.brokerOK && b.brokerOK}
+}
+
+// treeCPU is the CPU time (user + system) of pid and of every process
+// below it, with each one's reaped children: PostgreSQL serves every
+// connection from a process of its own, which the postmaster's own
+// figures do not count while it lives. A child that exits and
+// is reaped moves its time into its parent's cutime/cstime, so the sum
+// stays continuous. MariaDB and the broker are one process each.
+func treeCPU(root int) (time.Duration, bool) {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	type proc struct {
+		ppid  int
+		ticks int64
+	}
+	procs := map[int]proc{}
+	for _, f := range stats {
+		pid, err := strconv.Atoi(strings.Split(f, "/")[2])
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		ppid, ticks, ok := parseStat(b)
+		if ok {
+			procs[pid] = proc{ppid, ticks}
+		}
+	}
+	if _, ok := procs[root]; !ok {
 		return 0, false
 	}
+	children := map[int][]int{}
+	for pid, p := range procs {
+		children[p.ppid] = append(children[p.ppid], pid)
+	}
+	var ticks int64
+	todo := []int{root}
+	for len(todo) > 0 {
+		pid := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		ticks += procs[pid].ticks
+		todo = append(todo, children[pid]...)
+	}
+	return time.Duration(ticks) * time.Second / clockTick, true
+}
+
+// parseStat reads the parent pid and utime+stime+cutime+cstime (clock
+// ticks) from a /proc/<pid>/stat line.
+func parseStat(b []byte) (ppid int, ticks int64, ok bool) {
 	// The command name, in parentheses, may hold spaces: fields count from
-	// the last ')'. utime and stime are fields 14 and 15.
-	i := strings.LastIndexByte(string(b), ')')
+	// the last ')'. ppid is field 4, utime..cstime fields 14-17.
+	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, false
+	if len(f) < 15 {
+		return 0, 0, false
 	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, false
 	}
-	return time.Duration(u+st) * time.Second / clockTick, true
+	for _, x := range f[11:15] {
+		v, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		ticks += v
+	}
+	return ppid, ticks, true
 }
 
 // perMessage adds to extra the CPU microseconds per message between a and b.

@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"time"
 
@@ -148,14 +146,12 @@ func splitProfile(p *profile.Profile) (map[string]time.Duration, int64, error) {
 // cpuSplitter profiles the rounds of one workload; nil when the split is
 // off (every method is a no-op on nil).
 type cpuSplitter struct {
-	dbPID, brokerPID int
-	self             cpuMeter // no pids: getrusage of the bench only
-	errs             map[string]bool
+	meter cpuMeter
+	errs  map[string]bool
 
-	buf    bytes.Buffer
-	on     bool
-	t0     procCPUs
-	rusage time.Duration
+	buf bytes.Buffer
+	on  bool
+	t0  cpuSample
 }
 
 // newCPUSplitter returns the splitter of w, or nil unless -cpu-split is on
@@ -164,11 +160,11 @@ func newCPUSplitter(e *Env, w *Workload) *cpuSplitter {
 	if !e.Opt.CPUSplit || w.Name != "producer" {
 		return nil
 	}
-	s := &cpuSplitter{dbPID: listeningPID(e.S.DBAddr()), brokerPID: listeningPID(e.S.Broker)}
-	if s.dbPID == 0 {
+	s := &cpuSplitter{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker)}
+	if s.meter.dbPID == 0 {
 		w.Notes = append(w.Notes, "cpu split: no process listening on "+e.S.DBAddr()+" found in /proc: no database column")
 	}
-	if s.brokerPID == 0 {
+	if s.meter.brokerPID == 0 {
 		w.Notes = append(w.Notes, "cpu split: no process listening on "+e.S.Broker+" found in /proc: no broker column")
 	}
 	return s
@@ -183,13 +179,12 @@ func (s *cpuSplitter) begin(w *Workload) {
 	}
 	s.buf.Reset()
 	s.on = false
-	t0 := s.servers() // outside the profile: reading /proc is not the round's work
+	t0 := s.meter.sample() // outside the profile: reading /proc is not the round's work
 	if err := pprof.StartCPUProfile(&s.buf); err != nil {
 		s.note(w, fmt.Errorf("cpu split: %w", err))
 		return
 	}
 	s.on, s.t0 = true, t0
-	s.rusage = s.self.sample().self
 }
 
 // finish stops the round's profile, right after its loop, and adds the
@@ -198,9 +193,8 @@ func (s *cpuSplitter) finish(w *Workload, r *Round) {
 	if s == nil || !s.on {
 		return
 	}
-	rusage := s.self.sample().self - s.rusage
 	pprof.StopCPUProfile()
-	t1 := s.servers()
+	d := s.meter.sample().sub(s.t0)
 	s.on = false
 	p, err := profile.Parse(&s.buf)
 	if err != nil {
@@ -218,7 +212,7 @@ func (s *cpuSplitter) finish(w *Workload, r *Round) {
 	if r.Extra == nil {
 		r.Extra = map[string]float64{}
 	}
-	addCPUSplit(r.Extra, parts, t1.sub(s.t0), rusage, r.Count)
+	addCPUSplit(r.Extra, parts, d, d.self, r.Count)
 	r.Extra[extraCPUSamples] = float64(samples)
 }
 
@@ -254,7 +248,7 @@ func (s *cpuSplitter) summarize(e *Env, w *Workload) {
 // addCPUSplit writes the per-operation split into extra: each part of the
 // bench process, the broker and the database when measured, the total of
 // them all, and the bench's getrusage figure as a cross-check.
-func addCPUSplit(extra map[string]float64, parts map[string]time.Duration, servers procCPUs, rusage time.Duration, ops int64) {
+func addCPUSplit(extra map[string]float64, parts map[string]time.Duration, servers cpuSample, rusage time.Duration, ops int64) {
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(ops) }
 	var total time.Duration
 	for _, part := range cpuParts {
@@ -271,99 +265,6 @@ func addCPUSplit(extra map[string]float64, parts map[string]time.Duration, serve
 	}
 	extra[extraCPUTotal] = per(total)
 	extra[extraCPUProcess] = per(rusage)
-}
-
-// procCPUs is the CPU time of the broker and the database so far.
-type procCPUs struct {
-	broker, db     time.Duration
-	brokerOK, dbOK bool
-}
-
-func (a procCPUs) sub(b procCPUs) procCPUs {
-	return procCPUs{broker: a.broker - b.broker, db: a.db - b.db, brokerOK: a.brokerOK && b.brokerOK, dbOK: a.dbOK && b.dbOK}
-}
-
-func (s *cpuSplitter) servers() procCPUs {
-	var c procCPUs
-	if s.brokerPID > 0 {
-		c.broker, c.brokerOK = treeCPU(s.brokerPID)
-	}
-	if s.dbPID > 0 {
-		c.db, c.dbOK = treeCPU(s.dbPID)
-	}
-	return c
-}
-
-// treeCPU is the CPU time (user + system) of pid and of every process
-// below it, with each one's reaped children: PostgreSQL serves every
-// connection from a process of its own, which the postmaster's own
-// figures (cpuMeter) do not count while it lives. A child that exits and
-// is reaped moves its time into its parent's cutime/cstime, so the sum
-// stays continuous. MariaDB and the broker are one process each.
-func treeCPU(root int) (time.Duration, bool) {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	type proc struct {
-		ppid  int
-		ticks int64
-	}
-	procs := map[int]proc{}
-	for _, f := range stats {
-		pid, err := strconv.Atoi(strings.Split(f, "/")[2])
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // exited meanwhile
-		}
-		ppid, ticks, ok := parseStat(b)
-		if ok {
-			procs[pid] = proc{ppid, ticks}
-		}
-	}
-	if _, ok := procs[root]; !ok {
-		return 0, false
-	}
-	children := map[int][]int{}
-	for pid, p := range procs {
-		children[p.ppid] = append(children[p.ppid], pid)
-	}
-	var ticks int64
-	todo := []int{root}
-	for len(todo) > 0 {
-		pid := todo[len(todo)-1]
-		todo = todo[:len(todo)-1]
-		ticks += procs[pid].ticks
-		todo = append(todo, children[pid]...)
-	}
-	return time.Duration(ticks) * time.Second / clockTick, true
-}
-
-// parseStat reads the parent pid and utime+stime+cutime+cstime (clock
-// ticks) from a /proc/<pid>/stat line.
-func parseStat(b []byte) (ppid int, ticks int64, ok bool) {
-	// The command name, in parentheses, may hold spaces: fields count from
-	// the last ')'. ppid is field 4, utime..cstime fields 14-17.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 15 {
-		return 0, 0, false
-	}
-	ppid, err := strconv.Atoi(f[1])
-	if err != nil {
-		return 0, 0, false
-	}
-	for _, x := range f[11:15] {
-		v, err := strconv.ParseInt(x, 10, 64)
-		if err != nil {
-			return 0, 0, false
-		}
-		ticks += v
-	}
-	return ppid, ticks, true
 }
 
 // CPUSplit is a side's CPU per committed operation, in microseconds, by

@@ -137,7 +137,7 @@ func TestCPUSplitTableMath(t *testing.T) {
 			partRmqtx: k * 10 * time.Millisecond, partClient: k * 20 * time.Millisecond, partSQL: k * 30 * time.Millisecond,
 			partBench: k * 5 * time.Millisecond, partOther: k * 15 * time.Millisecond,
 		}
-		srv := procCPUs{broker: k * 40 * time.Millisecond, brokerOK: true, db: k * 50 * time.Millisecond, dbOK: i != 1}
+		srv := cpuSample{broker: k * 40 * time.Millisecond, brokerOK: true, db: k * 50 * time.Millisecond, dbOK: i != 1}
 		r := Round{Index: i + 1, Count: 1000, Extra: map[string]float64{"checks": 0}}
 		addCPUSplit(r.Extra, parts, srv, k*82*time.Millisecond, r.Count)
 		r.Extra[extraCPUSamples] = float64(k * 8)
@@ -173,7 +173,7 @@ func TestCPUSplitTableMath(t *testing.T) {
 	summarizeCPUSplit(bare)
 	require.Nil(t, bare.CPUSplit, "no round has a split")
 	noSrv := &Side{Name: sideRawTxLog, Rounds: []Round{{Count: 10, Extra: map[string]float64{}}}}
-	addCPUSplit(noSrv.Rounds[0].Extra, map[string]time.Duration{partBench: time.Millisecond}, procCPUs{}, time.Millisecond, 10)
+	addCPUSplit(noSrv.Rounds[0].Extra, map[string]time.Duration{partBench: time.Millisecond}, cpuSample{}, time.Millisecond, 10)
 	summarizeCPUSplit(noSrv)
 	require.Nil(t, noSrv.CPUSplit.Broker)
 	require.Nil(t, noSrv.CPUSplit.Database)

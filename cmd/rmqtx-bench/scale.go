@@ -177,6 +177,9 @@ type ScaleMeasure struct {
 	// MeanClaimMs is the outbox claim transaction's mean time (outbox
 	// claim only), from the dispatcher's own histogram.
 	MeanClaimMs float64 `json:"mean_claim_ms,omitempty"`
+	// PerOp is what an operation cost the servers (serverProbe: CPU per
+	// process, cores busy, InnoDB's counters on MariaDB), medians of rounds.
+	PerOp map[string]float64 `json:"per_op,omitempty"`
 	// VsEmpty is the median per-round ratio of Rate to the same measure at
 	// size 0 (null at size 0); Met says whether it is >= 0.85.
 	VsEmpty *float64 `json:"vs_empty,omitempty"`
@@ -437,7 +440,7 @@ type scaleSide struct {
 	conc  int
 	warm  time.Duration
 	op    Op
-	round func(ctx context.Context, index, rows int) (Round, error)
+	round func(ctx context.Context, index, rows int, pr *serverProbe) (Round, error)
 	close func()
 }
 
@@ -508,12 +511,17 @@ func runScalePoint(ctx context.Context, e *Env, k int, pt *ScalePoint, withArchi
 	for _, s := range sides {
 		out = append(out, s.side)
 	}
-	if err := scaleMeasureRounds(ctx, pe, sides, w); err != nil {
+	pr := newServerProbe(pe, pe.DB)
+	if err := scaleMeasureRounds(ctx, pe, sides, w, pr); err != nil {
 		return out, err
 	}
+	var probes []string
 	for _, s := range sides {
 		s.side.Summarize()
-		m := ScaleMeasure{Name: strings.TrimPrefix(s.side.Name, label+" "), Unit: s.side.Unit, Rate: s.side.Rate, P50Ms: s.side.P50Ms, P99Ms: s.side.P99Ms}
+		m := ScaleMeasure{Name: strings.TrimPrefix(s.side.Name, label+" "), Unit: s.side.Unit, Rate: s.side.Rate, P50Ms: s.side.P50Ms, P99Ms: s.side.P99Ms, PerOp: probeMedians(s.side.Rounds)}
+		if line := probeLine(s.side.Rounds); line != "" {
+			probes = append(probes, m.Name+": "+line)
+		}
 		if s.round != nil {
 			m.MeanClaimMs = medianExtra(s.side.Rounds, "mean_claim_ms")
 			if !math.IsNaN(m.MeanClaimMs) {
@@ -525,8 +533,11 @@ func runScalePoint(ctx context.Context, e *Env, k int, pt *ScalePoint, withArchi
 		}
 		pt.Measures = append(pt.Measures, m)
 	}
+	if len(probes) > 0 {
+		w.Notes = append(w.Notes, label+" per operation (medians of rounds): "+strings.Join(probes, "; "))
+	}
 	if withArchive && pt.Rows > 0 && ctx.Err() == nil {
-		as, err := scaleArchiveRounds(ctx, pe, pt, sides[0], w)
+		as, err := scaleArchiveRounds(ctx, pe, pt, sides[0], w, pr)
 		out = append(out, as...)
 		if err != nil {
 			return out, err
@@ -703,7 +714,7 @@ func scaleSides(ctx context.Context, pe *Env, pt *ScalePoint, shape preloadShape
 	// Outbox claim.
 	claim := add(scaleClaim, "msgs/s", fmt.Sprintf("outbox.Dispatcher (Concurrency %d, no-op sink) draining %d PENDING rows enqueued next to the preloaded ones: claim, sink, SENT", o.Concurrency, scaleClaimRows), o.Concurrency, 0)
 	var obSeq atomic.Int64
-	claim.round = func(ctx context.Context, index, rows int) (Round, error) {
+	claim.round = func(ctx context.Context, index, rows int, pr *serverProbe) (Round, error) {
 		evs := make([]outbox.Event, rows)
 		for i := range evs {
 			n := obSeq.Add(1)
@@ -713,7 +724,7 @@ func scaleSides(ctx context.Context, pe *Env, pt *ScalePoint, shape preloadShape
 				evs[i].MessageKey, evs[i].EventID = key, keyedEventID(benchEventType+".outbox", key)
 			}
 		}
-		return scaleClaimRound(ctx, pe, prefix, obTable, index, evs)
+		return scaleClaimRound(ctx, pe, prefix, obTable, index, evs, pr)
 	}
 
 	// Operator tooling.
@@ -752,7 +763,7 @@ func scaleSides(ctx context.Context, pe *Env, pt *ScalePoint, shape preloadShape
 // scaleMeasureRounds warms every side up, then runs the rounds, the sides
 // in a fixed order (Send and first delivery fill what the reads at size 0
 // look up).
-func scaleMeasureRounds(ctx context.Context, pe *Env, sides []*scaleSide, w *Workload) error {
+func scaleMeasureRounds(ctx context.Context, pe *Env, sides []*scaleSide, w *Workload, pr *serverProbe) error {
 	o := pe.Opt
 	claimRows := min(scaleClaimRows, o.OutboxRows)
 	for _, s := range sides {
@@ -766,7 +777,7 @@ func scaleMeasureRounds(ctx context.Context, pe *Env, sides []*scaleSide, w *Wor
 				return fmt.Errorf("%s warm-up: %w", s.side.Name, res.FirstErr)
 			}
 		case s.round != nil:
-			if _, err := s.round(ctx, 0, max(1, claimRows/4)); err != nil {
+			if _, err := s.round(ctx, 0, max(1, claimRows/4), nil); err != nil {
 				return fmt.Errorf("%s warm-up: %w", s.side.Name, err)
 			}
 		}
@@ -778,14 +789,16 @@ func scaleMeasureRounds(ctx context.Context, pe *Env, sides []*scaleSide, w *Wor
 			}
 			var ro Round
 			if s.op != nil {
+				snap := pr.begin(ctx)
 				res := RunLoop(ctx, s.conc, o.Duration, o.N, s.op)
 				ro = res.Round(r + 1)
+				pr.end(ctx, snap, &ro)
 				if res.FirstErr != nil {
 					w.Notes = append(w.Notes, fmt.Sprintf("%s round %d: %d errors, first: %v", s.side.Name, r+1, res.Errors, res.FirstErr))
 				}
 			} else {
 				var err error
-				if ro, err = s.round(ctx, r+1, claimRows); err != nil {
+				if ro, err = s.round(ctx, r+1, claimRows, pr); err != nil {
 					return fmt.Errorf("%s round %d: %w", s.side.Name, r+1, err)
 				}
 			}
@@ -798,7 +811,7 @@ func scaleMeasureRounds(ctx context.Context, pe *Env, sides []*scaleSide, w *Wor
 
 // scaleClaimRound enqueues evs and times a dispatcher with a no-op sink
 // until every one is SENT; the claim histogram gives the claim time.
-func scaleClaimRound(ctx context.Context, pe *Env, prefix string, table outbox.Table, index int, evs []outbox.Event) (Round, error) {
+func scaleClaimRound(ctx context.Context, pe *Env, prefix string, table outbox.Table, index int, evs []outbox.Event, pr *serverProbe) (Round, error) {
 	if err := enqueueAll(ctx, pe.DB, table, evs); err != nil {
 		return Round{}, err
 	}
@@ -830,6 +843,7 @@ func scaleClaimRound(ctx context.Context, pe *Env, prefix string, table outbox.T
 	if err != nil {
 		return Round{}, err
 	}
+	snap := pr.begin(ctx) // after the enqueue: the probe counts the drain only
 	t0 := time.Now()
 	if err := d.Start(ctx); err != nil {
 		return Round{}, err
@@ -850,8 +864,12 @@ func scaleClaimRound(ctx context.Context, pe *Env, prefix string, table outbox.T
 	}
 	el := time.Since(t0)
 	r := Round{Index: index, Count: want, Errors: other.Load(), Seconds: el.Seconds(), Rate: float64(want) / el.Seconds()}
+	pr.end(ctx, snap, &r)
 	if claims, sum, ok := claimHistogram(reg); ok && claims > 0 {
-		r.Extra = map[string]float64{"claims": float64(claims), "mean_claim_ms": sum * 1000 / float64(claims), "rows_per_claim": float64(want) / float64(claims)}
+		if r.Extra == nil {
+			r.Extra = map[string]float64{}
+		}
+		r.Extra["claims"], r.Extra["mean_claim_ms"], r.Extra["rows_per_claim"] = float64(claims), sum*1000/float64(claims), float64(want)/float64(claims)
 	}
 	return r, nil
 }
@@ -859,7 +877,7 @@ func scaleClaimRound(ctx context.Context, pe *Env, prefix string, table outbox.T
 // scaleArchiveRounds runs -rounds pairs of Send rounds: one with nothing
 // else running, one with the archiver removing the txlog's rows past
 // retention at the same time.
-func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scaleSide, w *Workload) ([]*Side, error) {
+func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scaleSide, w *Workload, pr *serverProbe) ([]*Side, error) {
 	o := pe.Opt
 	label := scaleLabel(pt.DB, pt.IDs, pt.Rows)
 	plain := &Side{Name: label + " " + scaleSendPlain, Unit: "tx/s", Description: "Send round of an archival pair, nothing else running"}
@@ -882,10 +900,12 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 	}
 	var keep, rise, risePaced []float64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
+		snap := pr.begin(ctx)
 		p := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
+		pr.end(ctx, snap, &p)
 		plain.Rounds = append(plain.Rounds, p)
 
-		wr, ar, runErr := scaleArchiveRound(ctx, a, send, o, r)
+		wr, ar, runErr := scaleArchiveRound(ctx, a, send, o, r, pr)
 		if runErr != nil && !errors.Is(runErr, context.Canceled) {
 			return out, fmt.Errorf("archive: %w", runErr)
 		}
@@ -900,24 +920,24 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 		if err != nil {
 			return out, err
 		}
-		pr, apr, perr := scaleArchiveRound(ctx, ap, send, o, r)
+		pw, apr, perr := scaleArchiveRound(ctx, ap, send, o, r, pr)
 		if perr != nil && !errors.Is(perr, context.Canceled) {
 			return out, fmt.Errorf("archive paced: %w", perr)
 		}
-		withPaced.Rounds = append(withPaced.Rounds, pr)
+		withPaced.Rounds = append(withPaced.Rounds, pw)
 		archPaced.Rounds = append(archPaced.Rounds, apr)
 		premoved := apr.Count
 		res.Removed += premoved
 		pe.Log("  round %d %-36s %9.1f tx/s p99 %.2fms | with archival %9.1f tx/s p99 %.2fms, archived %d rows in %.2fs = %.0f rows/s | paced at %.0f rows/s: %9.1f tx/s p99 %.2fms, archived %.0f rows/s",
-			r+1, label+" Send", p.Rate, p.P99Ms, wr.Rate, wr.P99Ms, removed, ar.Seconds, ar.Rate, pacedAt, pr.Rate, pr.P99Ms, apr.Rate)
+			r+1, label+" Send", p.Rate, p.P99Ms, wr.Rate, wr.P99Ms, removed, ar.Seconds, ar.Rate, pacedAt, pw.Rate, pw.P99Ms, apr.Rate)
 		if removed > 0 && wr.Rate > 0 {
 			keep = append(keep, ar.Rate/wr.Rate)
 		}
 		if removed > 0 && p.P99Ms > 0 && wr.P99Ms > 0 {
 			rise = append(rise, wr.P99Ms/p.P99Ms)
 		}
-		if premoved > 0 && p.P99Ms > 0 && pr.P99Ms > 0 {
-			risePaced = append(risePaced, pr.P99Ms/p.P99Ms)
+		if premoved > 0 && p.P99Ms > 0 && pw.P99Ms > 0 {
+			risePaced = append(risePaced, pw.P99Ms/p.P99Ms)
 		}
 		if res.DrainedInRound == 0 && (runErr == nil || perr == nil) {
 			res.DrainedInRound = r + 1
@@ -955,6 +975,15 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 	}
 	pt.Archive = res
 	w.Notes = append(w.Notes, scaleArchiveNote(label, res))
+	var probes []string
+	for _, s := range []*Side{plain, with, withPaced} {
+		if line := probeLine(s.Rounds); line != "" {
+			probes = append(probes, strings.TrimPrefix(s.Name, label+" ")+": "+line)
+		}
+	}
+	if len(probes) > 0 {
+		w.Notes = append(w.Notes, label+" archival rounds, per Send (the archiver's work included; medians of rounds): "+strings.Join(probes, "; "))
+	}
 	return out, nil
 }
 
@@ -962,7 +991,7 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 // time, stopped when the round ends. It returns the Send round, the
 // archival round (rows removed, how long Run ran, rows/s), and Run's error
 // (nil: it finished, nothing was left).
-func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide, o Options, r int) (Round, Round, error) {
+func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide, o Options, r int, pr *serverProbe) (Round, Round, error) {
 	actx, stop := context.WithCancel(ctx)
 	var (
 		rep     archive.Report
@@ -970,6 +999,7 @@ func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide
 		elapsed time.Duration
 		done    = make(chan struct{})
 	)
+	snap := pr.begin(ctx)
 	go func() {
 		defer close(done)
 		t0 := time.Now()
@@ -979,6 +1009,7 @@ func scaleArchiveRound(ctx context.Context, a *archive.Archiver, send *scaleSide
 	wr := RunLoop(ctx, send.conc, o.Duration, o.N, send.op).Round(r + 1)
 	stop()
 	<-done
+	pr.end(ctx, snap, &wr)
 	ar := Round{Index: r + 1, Count: rep.Removed(), Seconds: elapsed.Seconds()}
 	if elapsed > 0 {
 		ar.Rate = float64(ar.Count) / elapsed.Seconds()

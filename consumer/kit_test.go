@@ -291,7 +291,17 @@ func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mod
 			require.EqualValues(t, kitAggs, s.Applied, "only the newest version of each applies")
 		}
 	} else {
-		s = waitStats(t, cons, "every version applied", func(s consumer.Stats) bool { return s.Applied >= total })
+		if !testenv.Await(30*time.Second, func() bool { return cons.Processor().Stats().Applied >= total }) {
+			st := cons.Processor().Stats()
+			t.Logf("DEBUGFAIL stats %+v", st)
+			dls, _ := cons.Processor().DeadLetters().List(context.Background(), consumer.DeadLetterFilter{ConsumerGroup: cons.Config().Group})
+			for _, d := range dls {
+				t.Logf("DEBUGFAIL dl %s class=%s err=%s rc=%d", d.EventID, d.ErrorClass, d.ErrorText, d.ReconsumeTimes)
+			}
+			t.Logf("DEBUGFAIL retry msgs %d", len(k.b.Messages("%RETRY%"+cons.Config().Group)))
+			t.FailNow()
+		}
+		s = cons.Processor().Stats()
 		require.EqualValues(t, total, s.Applied)
 		require.Positive(t, s.Gaps, "later versions waited for earlier ones")
 		for a := range kitAggs {
@@ -304,6 +314,7 @@ func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mod
 	require.Zero(t, s.Parked)
 	require.Equal(t, kitAggs, k.count(t, "SELECT COUNT(*) FROM box WHERE version = ?", kitVersions), "every box ends at its newest version")
 	t.Logf("%s: applied=%d stale=%d gap_waits=%d retries=%d", mode, s.Applied, s.Stale, s.Gaps, s.Retries)
+	t.Logf("DEBUGMAX %s %d", t.Name(), k.count(t, "SELECT MAX(retry_count) FROM rmqtx_consume_log"))
 }
 
 // A handler fails (transient) for one event of a batch of ten: no effect

@@ -23,7 +23,9 @@ const (
 	probePoolDisk  = "innodb_disk_reads_per_op"
 	probeRowsRead  = "rows_read_per_op" // MariaDB's Handler_read_* (index lookups and steps, scanned rows)
 	probePoolWrite = "innodb_page_writes_per_op"
+	probeFlushed   = "innodb_pages_flushed_per_op" // dirty pages written back to disk
 	probeLockWaits = "innodb_row_lock_waits"
+	probeHistory   = "innodb_history_list_length" // at the round's end: undo not yet purged
 )
 
 // innodbStatus maps the MariaDB status variables a probe reads to the
@@ -36,7 +38,9 @@ var innodbStatus = map[string]string{
 	"Innodb_buffer_pool_read_requests":  probePoolReqs,
 	"Innodb_buffer_pool_reads":          probePoolDisk,
 	"Innodb_buffer_pool_write_requests": probePoolWrite,
+	"Innodb_buffer_pool_pages_flushed":  probeFlushed,
 	"Innodb_row_lock_waits":             probeLockWaits,
+	"Innodb_history_list_length":        probeHistory,
 	"Handler_read_first":                probeRowsRead,
 	"Handler_read_key":                  probeRowsRead,
 	"Handler_read_last":                 probeRowsRead,
@@ -47,7 +51,7 @@ var innodbStatus = map[string]string{
 }
 
 // probeKeys is the order the probe's figures are printed in.
-var probeKeys = []string{probeCPUBench, probeCPUDB, probeCPUBroker, probeCoresBusy, probePoolReqs, probePoolDisk, probeRowsRead, probePoolWrite, probeLockWaits}
+var probeKeys = []string{probeCPUBench, probeCPUDB, probeCPUBroker, probeCoresBusy, probePoolReqs, probePoolDisk, probeRowsRead, probePoolWrite, probeFlushed, probeLockWaits, probeHistory}
 
 // serverProbe measures what a round cost the machine, so that a rate that
 // fell can be explained by the servers' own figures: CPU per operation
@@ -119,8 +123,12 @@ func (p *serverProbe) end(ctx context.Context, s probeSnap, r *Round) {
 		if !ok0 || !ok1 {
 			continue
 		}
-		if key == probeLockWaits {
+		switch key {
+		case probeLockWaits:
 			r.Extra[key] += v1 - v0 // a count per round: waits are rare
+			continue
+		case probeHistory:
+			r.Extra[key] = v1 // a gauge
 			continue
 		}
 		r.Extra[key] += (v1 - v0) / float64(r.Count)
@@ -176,7 +184,7 @@ func probeLine(rounds []Round) string {
 		parts = append(parts, fmt.Sprintf("cores busy %.2f", v))
 	}
 	var inno []string
-	for _, k := range []struct{ key, name, f string }{{probePoolReqs, "pages", "%.1f"}, {probePoolDisk, "disk", "%.2f"}, {probeRowsRead, "rows", "%.1f"}, {probePoolWrite, "written", "%.1f"}, {probeLockWaits, "lock waits/round", "%.0f"}} {
+	for _, k := range []struct{ key, name, f string }{{probePoolReqs, "pages", "%.1f"}, {probePoolDisk, "disk", "%.2f"}, {probeRowsRead, "rows", "%.1f"}, {probePoolWrite, "written", "%.1f"}, {probeFlushed, "flushed", "%.2f"}, {probeLockWaits, "lock waits/round", "%.0f"}, {probeHistory, "history list", "%.0f"}} {
 		if v, ok := med(k.key); ok {
 			inno = append(inno, k.name+" "+fmt.Sprintf(k.f, v))
 		}

@@ -88,7 +88,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	warm := &Side{Name: sideDupWarm, Unit: "msgs/s", Description: "duplicate hit (warm: the Processor instance that applied them, dedup cache): no database round trip, handler not run"}
 	noop := &Side{Name: sideNoopHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer, handler does nothing: the client's own ceiling"}
 	rawBatch := &Side{Name: sideRawBatch, Unit: "msgs/s", Description: fmt.Sprintf("rocketmq-client-go push consumer handing over up to %d messages of a queue at once; handler: BEGIN; business INSERT per message; COMMIT (no dedup: what batching alone gives this handler, the ceiling of any batch mode)", consumer.DefaultBatchTxSize)}
-	w.Sides = []*Side{raw, rawDedup, first, batch, rawBatch, cold, warm, noop}
+	firstNC := &Side{Name: sideFirstNoCount, Unit: "msgs/s", Description: "the same as rmqtx first delivery with ProcessorConfig.NoCrashCount: no attempt counted before the handler (a handler that kills its process is then redelivered for as long as it does), so what the crash count costs shows"}
+	batchNC := &Side{Name: sideBatchNoCount, Unit: "msgs/s", Description: "the same as rmqtx batch mode with NoCrashCount"}
+	w.Sides = []*Side{raw, rawDedup, first, firstNC, batch, batchNC, rawBatch, cold, warm, noop}
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
@@ -259,10 +261,10 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		_, err := tx.ExecContext(ctx, batchInsert, ev.ID, int64(len(ev.Payload)), ev.Payload)
 		return err
 	}
-	startBatch := func(group string) func() (*drain, error) {
+	startBatch := func(group string, noCount bool) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
-				Group: group, DB: e.DB, TablePrefix: prefix,
+				Group: group, DB: e.DB, TablePrefix: prefix, NoCrashCount: noCount,
 				Routes:           map[string]consumer.Route{benchEventType: {Handler: batchHandler}},
 				VersionMode:      consumer.VersionNone,
 				NameServers:      []string{e.S.NameServer},
@@ -295,10 +297,10 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	}
 	// startRmqtx runs a new consumer.Consumer (a new instance: empty dedup
 	// cache); keep, when set, receives it (its Processor outlives Shutdown).
-	startRmqtx := func(group, t string, duplicates bool, keep func(*consumer.Consumer)) func() (*drain, error) {
+	startRmqtx := func(group, t string, duplicates, noCount bool, keep func(*consumer.Consumer)) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
-				Group: group, DB: e.DB, TablePrefix: prefix,
+				Group: group, DB: e.DB, TablePrefix: prefix, NoCrashCount: noCount,
 				Routes:      map[string]consumer.Route{benchEventType: {Handler: handler}},
 				VersionMode: consumer.VersionNone,
 				NameServers: []string{e.S.NameServer},
@@ -365,13 +367,13 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		if _, err := measureDrain(ctx, e, 0, int64(n), startRaw(e.Names.Name("cwarmraw"))); err != nil {
 			return fail(fmt.Errorf("warm-up raw: %w", err))
 		}
-		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), topic, false, nil)); err != nil {
+		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), topic, false, false, nil)); err != nil {
 			return fail(fmt.Errorf("warm-up rmqtx: %w", err))
 		}
 		e.Log("  warm-up done")
 	}
 
-	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideBatch, sideRawBatch}, []string{sideDupWarm, sideDupCold}
+	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideFirstNoCount, sideBatch, sideBatchNoCount, sideRawBatch}, []string{sideDupWarm, sideDupCold}
 	logRound := func(r int, name string, ro Round) {
 		cpu := fmt.Sprintf(", cpu/msg: bench %.0fus", ro.Extra["bench_cpu_us_per_msg"])
 		if v, ok := ro.Extra["db_cpu_us_per_msg"]; ok {
@@ -388,7 +390,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
 		rawGroup, txGroup, dedupGroup, batchGroup := e.Names.Name("craw"), e.Names.Name("ctx"), e.Names.Name("crawd"), e.Names.Name("cbatch")
-		rawBatchGroup := e.Names.Name("crawb")
+		rawBatchGroup, ncGroup, ncBatchGroup := e.Names.Name("crawb"), e.Names.Name("cnc"), e.Names.Name("cncb")
 		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
@@ -401,11 +403,21 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				if err == nil {
 					raw.Rounds = append(raw.Rounds, ro)
 				}
+			case sideFirstNoCount:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(ncGroup, topic, false, true, nil))
+				if err == nil {
+					firstNC.Rounds = append(firstNC.Rounds, ro)
+				}
+			case sideBatchNoCount:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(ncBatchGroup, true))
+				if err == nil {
+					batchNC.Rounds = append(batchNC.Rounds, ro)
+				}
 			case sideBatch:
 				batchMu.Lock()
 				clear(batchTxs)
 				batchMu.Unlock()
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(batchGroup))
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(batchGroup, false))
 				if err == nil {
 					batchMu.Lock()
 					if len(batchTxs) > 0 {
@@ -425,7 +437,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					rawDedup.Rounds = append(rawDedup.Rounds, ro)
 				}
 			default:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false, func(c *consumer.Consumer) { applier = c }))
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false, false, func(c *consumer.Consumer) { applier = c }))
 				if err == nil {
 					first.Rounds = append(first.Rounds, ro)
 				}
@@ -453,7 +465,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				}
 			} else {
 				var inst *consumer.Consumer
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, dupTopic, true, func(c *consumer.Consumer) { inst = c }))
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, dupTopic, true, false, func(c *consumer.Consumer) { inst = c }))
 				if err == nil {
 					ro.Extra["cache_hits"] = cacheHits(inst)
 					coldHits += int64(ro.Extra["cache_hits"])

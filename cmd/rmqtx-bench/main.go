@@ -308,13 +308,15 @@ const (
 	sideRmqtxTraced = "rmqtx Send + tracing"
 	sideRmqtxPhases = "rmqtx Send + phase spans"
 
-	sideRawHandler  = "raw handler"
-	sideRawDedup    = "raw handler + dedup"
-	sideFirst       = "rmqtx first delivery"
-	sideBatch       = "rmqtx batch mode"
-	sideDupCold     = "rmqtx duplicate hit, cold (DB)"
-	sideDupWarm     = "rmqtx duplicate hit, warm (cache)"
-	sideNoopHandler = "raw no-op handler (ceiling)"
+	sideRawHandler   = "raw handler"
+	sideRawDedup     = "raw handler + dedup"
+	sideFirst        = "rmqtx first delivery"
+	sideBatch        = "rmqtx batch mode"
+	sideDupCold      = "rmqtx duplicate hit, cold (DB)"
+	sideDupWarm      = "rmqtx duplicate hit, warm (cache)"
+	sideNoopHandler  = "raw no-op handler (ceiling)"
+	sideFirstNoCount = "rmqtx first delivery, NoCrashCount"
+	sideBatchNoCount = "rmqtx batch mode, NoCrashCount"
 
 	sideOutboxRaw  = "raw SendSync"
 	sideOutboxOne  = "rmqtx dispatcher x1"
@@ -358,6 +360,10 @@ func addRatios(w *Workload) {
 		w.AddRatio("rmqtx batch mode / raw handler", sideBatch, sideRawHandler, 0)
 		w.AddRatio("raw batch handler (no dedup) / raw handler", sideRawBatch, sideRawHandler, 0)
 		w.AddRatio("rmqtx batch mode / raw batch handler", sideBatch, sideRawBatch, targetBatch)
+		w.AddRatio("first delivery, NoCrashCount / raw handler + dedup", sideFirstNoCount, sideRawDedup, 0)
+		w.AddRatio("first delivery / first delivery, NoCrashCount", sideFirst, sideFirstNoCount, 0)
+		w.AddRatio("batch mode, NoCrashCount / raw batch handler", sideBatchNoCount, sideRawBatch, 0)
+		w.AddRatio("batch mode / batch mode, NoCrashCount", sideBatch, sideBatchNoCount, 0)
 		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
 		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)
 		w.AddRatio("duplicate cold (DB) / raw no-op ceiling", sideDupCold, sideNoopHandler, 0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,7 +266,25 @@ func TestKitReorderedVersions(t *testing.T) {
 
 const kitAggs, kitVersions = 3, 5
 
-func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mode string, set func(*consumer.Config)) {
+// kitStrictMaxWaits is the MaxWaits of the kit tests whose versions wait
+// for their predecessors (VersionStrict). The kit's broker redelivers a
+// message sent back at once, so a version whose predecessor is still in
+// another callback (behind other events of its batch, or not yet handed
+// back by it) is redelivered every few milliseconds, and each redelivery
+// is a wait. The default 20 waits last about 17 minutes on a real broker
+// (delay levels 1 s, 5 s, 10 s, 30 s, then 1 min); here they lasted under
+// 0.1 s, and a loaded machine that held the predecessor's goroutine that
+// long parked the waiting versions for good
+// (TestKitGapOutwaitsHeldPredecessor). With this bound a wait ends only
+// when its predecessor applies or the test's own 30 s run out, as the
+// real-broker TestOutOfOrderStrict raises MaxWaits for the same reason.
+const kitStrictMaxWaits = 100_000
+
+// publishReversed publishes versions 1..kitVersions of box-0..box-<kitAggs-1>
+// and makes them visible newest first: per aggregate, box-2's versions 5
+// to 1, then box-1's, then box-0's.
+func publishReversed(t *testing.T, k *kitBed) {
+	t.Helper()
 	k.b.Hold(k.topic)
 	for a := range kitAggs {
 		for v := int64(1); v <= kitVersions; v++ {
@@ -276,10 +295,16 @@ func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mod
 	stored := k.b.Messages(k.topic)
 	require.Len(t, stored, kitAggs*kitVersions)
 	require.Equal(t, fmt.Sprint(kitVersions), stored[0].Properties[wire.PropAggregateVersion], "stored newest first")
+}
 
+func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mode string, set func(*consumer.Config)) {
+	publishReversed(t, k)
 	cons := k.consumer(t, map[string]consumer.Route{"Moved": {Handler: kitBox}}, func(cfg *consumer.Config) {
 		set(cfg)
 		cfg.VersionMode = vm
+		if vm == consumer.VersionStrict {
+			cfg.MaxWaits = kitStrictMaxWaits
+		}
 	})
 	const total = kitAggs * kitVersions
 	var s consumer.Stats
@@ -291,17 +316,7 @@ func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mod
 			require.EqualValues(t, kitAggs, s.Applied, "only the newest version of each applies")
 		}
 	} else {
-		if !testenv.Await(30*time.Second, func() bool { return cons.Processor().Stats().Applied >= total }) {
-			st := cons.Processor().Stats()
-			t.Logf("DEBUGFAIL stats %+v", st)
-			dls, _ := cons.Processor().DeadLetters().List(context.Background(), consumer.DeadLetterFilter{ConsumerGroup: cons.Config().Group})
-			for _, d := range dls {
-				t.Logf("DEBUGFAIL dl %s class=%s err=%s rc=%d", d.EventID, d.ErrorClass, d.ErrorText, d.ReconsumeTimes)
-			}
-			t.Logf("DEBUGFAIL retry msgs %d", len(k.b.Messages("%RETRY%"+cons.Config().Group)))
-			t.FailNow()
-		}
-		s = cons.Processor().Stats()
+		s = waitStats(t, cons, "every version applied", func(s consumer.Stats) bool { return s.Applied >= total })
 		require.EqualValues(t, total, s.Applied)
 		require.Positive(t, s.Gaps, "later versions waited for earlier ones")
 		for a := range kitAggs {
@@ -314,7 +329,65 @@ func testReorderedVersions(t *testing.T, k *kitBed, vm consumer.VersionMode, mod
 	require.Zero(t, s.Parked)
 	require.Equal(t, kitAggs, k.count(t, "SELECT COUNT(*) FROM box WHERE version = ?", kitVersions), "every box ends at its newest version")
 	t.Logf("%s: applied=%d stale=%d gap_waits=%d retries=%d", mode, s.Applied, s.Stale, s.Gaps, s.Retries)
-	t.Logf("DEBUGMAX %s %d", t.Name(), k.count(t, "SELECT MAX(retry_count) FROM rmqtx_consume_log"))
+}
+
+// A version redelivered while its predecessor is held up in another
+// callback waits as long as MaxWaits lets it, and in the kit a wait lasts
+// a few milliseconds. The reversed queue is handed over in two batches of
+// BatchSize 8: box-1's versions 5, 4 and 3 end the first, which hands them
+// back at once; version 2 opens the second, which hands it back only when
+// the whole batch is done. The handler holds that batch (at box-0's version
+// 1, its last event) until box-1's versions 3 to 5 have waited more than 20
+// times each, the default MaxWaits, as a stalled goroutine on a loaded
+// machine did. With kitStrictMaxWaits they go on waiting and apply in
+// version order once version 2 is handed back; with the default they were
+// parked, and the one-off red TestKitReorderedVersions/strict/batch/postgres
+// ("timed out after 30s waiting for every version applied") was this: its
+// log showed box-1's versions 3 to 5 parked after 21 attempts each.
+func TestKitGapOutwaitsHeldPredecessor(t *testing.T) {
+	t.Parallel()
+	kitEachDB(t, func(t *testing.T, k *kitBed) {
+		const defaultMaxWaits = 20
+		publishReversed(t, k)
+		var cons atomic.Pointer[consumer.Consumer]
+		var outwaited atomic.Bool
+		waited := func() bool {
+			if c := cons.Load(); c != nil && c.Processor().Stats().Parked > 0 {
+				return true // parked: holding the batch longer changes nothing
+			}
+			var n int
+			err := k.db.Get(&n, k.db.Rebind("SELECT COUNT(*) FROM rmqtx_consume_attempt WHERE attempts > ?"), defaultMaxWaits)
+			if err == nil && n >= 3 {
+				outwaited.Store(true)
+				return true
+			}
+			return false
+		}
+		hold := func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+			if ev.AggregateID == "box-0" && ev.AggregateVersion == 1 {
+				testenv.Await(20*time.Second, waited)
+			}
+			return kitBox(ctx, tx, ev)
+		}
+		c := k.consumer(t, map[string]consumer.Route{"Moved": {Handler: hold}}, func(cfg *consumer.Config) {
+			cfg.BatchSize = 8
+			cfg.VersionMode = consumer.VersionStrict
+			cfg.MaxWaits = kitStrictMaxWaits
+		})
+		cons.Store(c)
+		const total = kitAggs * kitVersions
+		s := waitStats(t, c, "every version applied or parked", func(s consumer.Stats) bool { return s.Applied+s.Parked >= total })
+		require.Zero(t, s.Parked, "no version parked while its predecessor was held")
+		require.True(t, outwaited.Load(), "three versions (box-1's 3 to 5) waited more than %d times each", defaultMaxWaits)
+		require.EqualValues(t, total, s.Applied)
+		for a := range kitAggs {
+			var got []int64
+			require.NoError(t, k.db.Select(&got, k.db.Rebind("SELECT version FROM effect WHERE agg_id = ? ORDER BY id"), fmt.Sprintf("box-%d", a)))
+			require.Equal(t, []int64{1, 2, 3, 4, 5}, got, "box-%d applied in version order", a)
+		}
+		require.Zero(t, k.count(t, "SELECT COUNT(*) FROM rmqtx_consume_attempt"), "waits cleared once applied")
+		t.Logf("applied=%d gap_waits=%d", s.Applied, s.Gaps)
+	})
 }
 
 // A handler fails (transient) for one event of a batch of ten: no effect

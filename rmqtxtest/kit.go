@@ -145,6 +145,16 @@ func producerConfig(t testing.TB, b *Broker, cfg txproducer.Config) txproducer.C
 // shorter ProcessTimeout or fewer MaxRetries/MaxWaits would change what the
 // test proves. cfg.DB needs the consumer tables (schema.MigrateAll).
 //
+// A wait is the exception: an event that fails with class Wait (a strict
+// version gap, consumer.Wait) waits for something another callback does,
+// and redelivered at once it waits a few milliseconds per attempt, so
+// MaxWaits (20, some 17 minutes of delays on a production broker) lasts
+// well under a second. A test whose events wait for one
+// another sets MaxWaits high enough that only the test's own deadline
+// bounds the wait (as consumer's TestKitReorderedVersions does); else a
+// loaded machine that holds the awaited event up that long parks the
+// waiting ones.
+//
 // With Options.NoAutoCreate a topic missing at Start is waited for as on a
 // production broker (polled every 5 s): create it with b.CreateTopic before
 // NewConsumer.

@@ -99,6 +99,7 @@ type Broker struct {
 	failPull   []string
 	dupNext    []string
 	unknownLog map[int]bool
+	oneway     map[int]int // requests marked one-way, by request code (a client patch's test reads it)
 }
 
 // delivery is a frame for a connection, written after the state lock is
@@ -300,6 +301,14 @@ func (b *Broker) serve(c *conn) {
 		}
 		if cmd.response() {
 			continue // the clients answer nothing the broker waits for
+		}
+		if cmd.oneway() {
+			b.lock()
+			if b.oneway == nil {
+				b.oneway = map[int]int{}
+			}
+			b.oneway[cmd.Code]++
+			b.unlock()
 		}
 		var resp *command
 		if c.ns {

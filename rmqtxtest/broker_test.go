@@ -17,6 +17,7 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
+	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
 )
 
@@ -644,5 +645,42 @@ func TestQueryMessageByKey(t *testing.T) {
 	}
 	if code, _ := query("order-8"); code != codeQueryNotFound {
 		t.Fatalf("query of an unknown key: code %d", code)
+	}
+}
+
+// Client patch 8: the patched client marks a one-way request one-way (bit 1
+// of the flag, as the Java client does), so the broker does not answer it;
+// the upstream client leaves the bit unset, and the broker builds and
+// writes a response nobody reads. A committed transaction's END_TRANSACTION
+// and a SendOneWay are the one-way requests here; both arrive, whichever
+// the client, and only the patched client marks them.
+func TestOneWayRequestsAreMarkedOneWay(t *testing.T) {
+	b := NewBroker(t)
+	ctx := ctxT(t, 30*time.Second)
+	l := &listener{}
+	p, _ := newTxProducer(t, b, l)
+	l.exec.Store(int32(primitive.CommitMessageState))
+	if _, err := p.SendMessageInTransaction(ctx, primitive.NewMessage("tx", []byte("commit"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WaitMessages(ctx, "tx", 1); err != nil {
+		t.Fatalf("the END_TRANSACTION arrived and committed the half: %v", err)
+	}
+	raw := newProducer(t, b)
+	if err := raw.SendOneWay(ctx, primitive.NewMessage("oneway", []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WaitMessages(ctx, "oneway", 1); err != nil {
+		t.Fatalf("the one-way send arrived: %v", err)
+	}
+	b.lock()
+	end, send := b.oneway[reqEndTransaction], b.oneway[reqSendMessage]+b.oneway[reqSendMessageV2]
+	b.unlock()
+	if testenv.PatchedClient() {
+		if end != 1 || send != 1 {
+			t.Fatalf("patched client: one-way END_TRANSACTION %d, one-way sends %d; want 1 and 1", end, send)
+		}
+	} else if end != 0 || send != 0 {
+		t.Fatalf("upstream client: one-way END_TRANSACTION %d, one-way sends %d; want 0 and 0 (if upstream now sets the flag, patch 8 can go)", end, send)
 	}
 }

@@ -158,6 +158,12 @@ func (c *remotingClient) InvokeOneWay(ctx context.Context, addr string, request 
 	if err != nil {
 		return err
 	}
+	// Mark the request one-way, as the Java client's invokeOneway does
+	// (rmqtx patch 8). Unmarked, the broker built and wrote a response
+	// that nothing waits for (no response future is registered here):
+	// for END_TRANSACTION that was one more response frame, and one
+	// more write, per transaction.
+	request.Flag |= 1 << RPCOneWay
 	return c.sendRequest(ctx, conn, request)
 }
 

@@ -17,8 +17,8 @@ import (
 	"github.com/apache/rocketmq-client-go/v2/producer"
 
 	"github.com/rmqtx/rmqtx/internal/broker/remoting"
-	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/testenv"
 )
 
 // The client's logger is process-global and rmqtx components replace it

@@ -26,6 +26,7 @@ const (
 	probeFlushed   = "innodb_pages_flushed_per_op" // dirty pages written back to disk
 	probeLockWaits = "innodb_row_lock_waits"
 	probeHistory   = "innodb_history_list_length" // at the round's end: undo not yet purged
+	probeLogBytes  = "log_bytes_per_op"           // redo (Innodb_os_log_written) or WAL (pg_current_wal_insert_lsn) written
 )
 
 // innodbStatus maps the MariaDB status variables a probe reads to the
@@ -41,6 +42,7 @@ var innodbStatus = map[string]string{
 	"Innodb_buffer_pool_pages_flushed":  probeFlushed,
 	"Innodb_row_lock_waits":             probeLockWaits,
 	"Innodb_history_list_length":        probeHistory,
+	"Innodb_os_log_written":             probeLogBytes,
 	"Handler_read_first":                probeRowsRead,
 	"Handler_read_key":                  probeRowsRead,
 	"Handler_read_last":                 probeRowsRead,
@@ -51,17 +53,20 @@ var innodbStatus = map[string]string{
 }
 
 // probeKeys is the order the probe's figures are printed in.
-var probeKeys = []string{probeCPUBench, probeCPUDB, probeCPUBroker, probeCoresBusy, probePoolReqs, probePoolDisk, probeRowsRead, probePoolWrite, probeFlushed, probeLockWaits, probeHistory}
+var probeKeys = []string{probeCPUBench, probeCPUDB, probeCPUBroker, probeCoresBusy, probeLogBytes, probePoolReqs, probePoolDisk, probeRowsRead, probePoolWrite, probeFlushed, probeLockWaits, probeHistory}
 
 // serverProbe measures what a round cost the machine, so that a rate that
 // fell can be explained by the servers' own figures: CPU per operation
 // from /proc (cpuMeter), and on MariaDB the InnoDB counters from SHOW
-// GLOBAL STATUS, read before and after the round. They are global: a
-// round must run alone. PostgreSQL's cumulative statistics are flushed by
-// each backend up to seconds late, so they are not read per round there.
+// GLOBAL STATUS, read before and after the round; on PostgreSQL the WAL
+// written (pg_current_wal_insert_lsn, exact at any moment). They are
+// global: a round must run alone. PostgreSQL's cumulative statistics are
+// flushed by each backend up to seconds late, so they are not read per
+// round.
 type serverProbe struct {
-	meter cpuMeter
-	db    *sqlx.DB // nil: no InnoDB counters
+	meter  cpuMeter
+	db     *sqlx.DB
+	engine string
 }
 
 // probeSnap is the state at the start of a round.
@@ -72,11 +77,7 @@ type probeSnap struct {
 }
 
 func newServerProbe(e *Env, db *sqlx.DB) *serverProbe {
-	p := &serverProbe{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker)}
-	if e.S.Engine == engineMySQL {
-		p.db = db
-	}
-	return p
+	return &serverProbe{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker), db: db, engine: e.S.Engine}
 }
 
 // begin reads the counters at the start of a round.
@@ -135,10 +136,18 @@ func (p *serverProbe) end(ctx context.Context, s probeSnap, r *Round) {
 	}
 }
 
-// innodb reads the status variables of innodbStatus.
+// innodb reads the status variables of innodbStatus (MariaDB), or the WAL
+// position under the same name as MariaDB's redo counter (PostgreSQL).
 func (p *serverProbe) innodb(ctx context.Context) (map[string]float64, error) {
 	if p.db == nil {
 		return nil, nil
+	}
+	if p.engine == enginePostgres {
+		var lsn float64
+		if err := p.db.GetContext(ctx, &lsn, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8"); err != nil {
+			return nil, err
+		}
+		return map[string]float64{"Innodb_os_log_written": lsn}, nil
 	}
 	names := make([]string, 0, len(innodbStatus))
 	for n := range innodbStatus {
@@ -182,6 +191,9 @@ func probeLine(rounds []Round) string {
 	}
 	if v, ok := med(probeCoresBusy); ok {
 		parts = append(parts, fmt.Sprintf("cores busy %.2f", v))
+	}
+	if v, ok := med(probeLogBytes); ok {
+		parts = append(parts, fmt.Sprintf("log bytes/op %.0f", v))
 	}
 	var inno []string
 	for _, k := range []struct{ key, name, f string }{{probePoolReqs, "pages", "%.1f"}, {probePoolDisk, "disk", "%.2f"}, {probeRowsRead, "rows", "%.1f"}, {probePoolWrite, "written", "%.1f"}, {probeFlushed, "flushed", "%.2f"}, {probeLockWaits, "lock waits/round", "%.0f"}, {probeHistory, "history list", "%.0f"}} {

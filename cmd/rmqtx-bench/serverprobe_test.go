@@ -66,6 +66,16 @@ func testServerProbeCountsTheDatabasesWork(t *testing.T, db *sqlx.DB) {
 	} else {
 		require.NotContains(t, r.Extra, probePoolReqs, "no InnoDB counters on PostgreSQL")
 	}
+	require.Contains(t, r.Extra, probeLogBytes, "the redo or WAL position is read on both databases")
+	// Writes move it: a round of inserts writes log bytes.
+	snap = p.begin(ctx)
+	for i := 1000; i < 1100; i++ {
+		_, err := db.ExecContext(ctx, db.Rebind("INSERT INTO "+table+" (id, v) VALUES (?, ?)"), i, "w")
+		require.NoError(t, err)
+	}
+	w := Round{Count: 100}
+	p.end(ctx, snap, &w)
+	require.Positive(t, w.Extra[probeLogBytes], "inserts write redo / WAL")
 	require.Contains(t, probeLine([]Round{r}), "cpu µs/op bench ")
 	m := probeMedians([]Round{r})
 	require.False(t, math.IsNaN(m[probeCPUDB]))

@@ -12,8 +12,8 @@ import (
 )
 
 // The keys a serverProbe writes into a Round's Extra: CPU per operation of
-// each process, the share of the machine's cores busy in the round, and,
-// on MariaDB, InnoDB's own counters per operation.
+// each process, the share of the machine's cores busy in the round, the redo or
+// WAL bytes written, and on MariaDB InnoDB's own counters per operation.
 const (
 	probeCPUBench  = "cpu_bench_us_per_op"  // this process (the workload, and an archiver it runs)
 	probeCPUDB     = "cpu_db_us_per_op"     // the database server with its process tree
@@ -86,7 +86,7 @@ func (p *serverProbe) begin(ctx context.Context) probeSnap {
 		return probeSnap{}
 	}
 	s := probeSnap{at: time.Now(), cpu: p.meter.sample()}
-	s.status, _ = p.innodb(ctx) // a failed read leaves the round without InnoDB figures
+	s.status, _ = p.counters(ctx) // a failed read leaves the round without InnoDB figures
 	return s
 }
 
@@ -97,7 +97,7 @@ func (p *serverProbe) end(ctx context.Context, s probeSnap, r *Round) {
 	}
 	cpu := p.meter.sample().sub(s.cpu)
 	wall := time.Since(s.at)
-	status, err := p.innodb(ctx)
+	status, err := p.counters(ctx)
 	if r.Extra == nil {
 		r.Extra = map[string]float64{}
 	}
@@ -136,9 +136,9 @@ func (p *serverProbe) end(ctx context.Context, s probeSnap, r *Round) {
 	}
 }
 
-// innodb reads the status variables of innodbStatus (MariaDB), or the WAL
+// counters reads the status variables of innodbStatus (MariaDB), or the WAL
 // position under the same name as MariaDB's redo counter (PostgreSQL).
-func (p *serverProbe) innodb(ctx context.Context) (map[string]float64, error) {
+func (p *serverProbe) counters(ctx context.Context) (map[string]float64, error) {
 	if p.db == nil {
 		return nil, nil
 	}

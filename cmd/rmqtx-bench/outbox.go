@@ -135,13 +135,7 @@ func runOutbox(ctx context.Context, e *Env) *Workload {
 			e.Log("  round %d %-32s %8.1f msgs/s (%.2fs) %s", r+1, name, ro.Rate, ro.Seconds, claimLine(ro))
 		}
 	}
-	var probes []string
-	for _, name := range order {
-		if line := probeLine(bySide[name].Rounds); line != "" {
-			probes = append(probes, name+": "+line)
-		}
-	}
-	if len(probes) > 0 {
+	if probes := probeNotes(w.Sides, ""); len(probes) > 0 {
 		w.Notes = append(w.Notes, "per message (medians of rounds; the raw side's figures are per message sent, the others' per row SENT): "+strings.Join(probes, "; "))
 	}
 	w.Notes = append(w.Notes,
@@ -255,12 +249,8 @@ func outboxDispatch(ctx context.Context, e *Env, index int, evs []outbox.Event, 
 		r.Extra["dispatchers"] = float64(len(ds))
 		r.Extra["concurrency_each"] = float64(conc)
 	}
-	counts, err := table.CountByStatus(ctx, e.DB)
-	if err != nil {
+	if err := allSent(ctx, e, table, want); err != nil {
 		return Round{}, err
-	}
-	if int64(counts[outbox.StatusSent]) != want {
-		return Round{}, fmt.Errorf("CHECK FAILED: %d rows SENT in the table, want %d (%v)", counts[outbox.StatusSent], want, counts)
 	}
 	return r, nil
 }
@@ -386,14 +376,25 @@ func outboxHand(ctx context.Context, e *Env, p rmq.Producer, index int, evs []ou
 	el := time.Since(t0)
 	r := Round{Index: index, Count: want, Seconds: el.Seconds(), Rate: float64(want) / el.Seconds()}
 	pr.end(ctx, snap, &r)
-	counts, err := table.CountByStatus(ctx, e.DB)
-	if err != nil {
+	if sent.Load() != want {
+		return Round{}, fmt.Errorf("CHECK FAILED: %d rows SENT by the claims, want %d", sent.Load(), want)
+	}
+	if err := allSent(ctx, e, table, want); err != nil {
 		return Round{}, err
 	}
-	if int64(counts[outbox.StatusSent]) != want || sent.Load() != want {
-		return Round{}, fmt.Errorf("CHECK FAILED: %d rows SENT in the table and %d by the claims, want %d (%v)", counts[outbox.StatusSent], sent.Load(), want, counts)
-	}
 	return r, nil
+}
+
+// allSent checks that the round's table holds want rows, every one SENT.
+func allSent(ctx context.Context, e *Env, table outbox.Table, want int64) error {
+	counts, err := table.CountByStatus(ctx, e.DB)
+	if err != nil {
+		return err
+	}
+	if int64(counts[outbox.StatusSent]) != want {
+		return fmt.Errorf("CHECK FAILED: %d rows SENT in the table, want %d (%v)", counts[outbox.StatusSent], want, counts)
+	}
+	return nil
 }
 
 func claimLine(r Round) string {

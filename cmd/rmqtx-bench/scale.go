@@ -975,13 +975,7 @@ func scaleArchiveRounds(ctx context.Context, pe *Env, pt *ScalePoint, send *scal
 	}
 	pt.Archive = res
 	w.Notes = append(w.Notes, scaleArchiveNote(label, res))
-	var probes []string
-	for _, s := range []*Side{plain, with, withPaced} {
-		if line := probeLine(s.Rounds); line != "" {
-			probes = append(probes, strings.TrimPrefix(s.Name, label+" ")+": "+line)
-		}
-	}
-	if len(probes) > 0 {
+	if probes := probeNotes([]*Side{plain, with, withPaced}, label+" "); len(probes) > 0 {
 		w.Notes = append(w.Notes, label+" archival rounds, per Send (the archiver's work included; medians of rounds): "+strings.Join(probes, "; "))
 	}
 	return out, nil

@@ -207,6 +207,18 @@ func probeLine(rounds []Round) string {
 	return strings.Join(parts, ", ")
 }
 
+// probeNotes is "name: probeLine" for each side that has probe figures,
+// the name without prefix.
+func probeNotes(sides []*Side, prefix string) []string {
+	var out []string
+	for _, s := range sides {
+		if line := probeLine(s.Rounds); line != "" {
+			out = append(out, strings.TrimPrefix(s.Name, prefix)+": "+line)
+		}
+	}
+	return out
+}
+
 // probeMedians is the side's probe figures (medians over its rounds) for
 // the JSON.
 func probeMedians(rounds []Round) map[string]float64 {

@@ -92,7 +92,9 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []Message) []Outcome 
 		for i := range run {
 			if p.running.claim(run[i].ev.ID) {
 				claimed = append(claimed, run[i].ev.ID)
-				count = append(count, &run[i])
+				if !p.covered(ctx, run[i].ev) {
+					count = append(count, &run[i]) // a suspect of its queue's window
+				}
 			}
 		}
 		p.countBatch(ctx, count)

@@ -362,6 +362,10 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	// client is shut down, after any older offset a pull of the client's
 	// carried to the broker (internal/broker/pushstop).
 	werr := pc.Close(ctx)
+	if r, ok := pc.(interface{ Reacquired() int64 }); ok && r.Reacquired() > 0 {
+		c.cfg.Logger.WithField("consumer_group", c.cfg.Group).WithField("queues", r.Reacquired()).
+			Info("consumer: shutdown: queues given back by a rebalance just before it hold an offset below messages this consumer acknowledged; those messages are delivered again (dedup hits)")
+	}
 	var err error
 	if prod != nil {
 		err = prod.Shutdown()

@@ -17,10 +17,13 @@ import (
 // handler runs, such a poison message would be redelivered and kill every
 // process it reaches, forever.
 //
-// So, unless ProcessorConfig.NoCrashCount, every delivery that takes the
-// database path counts its attempt in the consume_attempt table in its own
-// autocommitted statement before its transaction begins (countAttempt). The
-// row is marked last_class = 'crash' while the attempt runs:
+// So, unless ProcessorConfig.NoCrashCount, a delivery that takes the
+// database path and may follow such a crash counts its attempt in the
+// consume_attempt table in its own autocommitted statement before its
+// transaction begins (countAttempt). Which deliveries may follow a crash is
+// what the crash-count windows decide (window.go): a first delivery past
+// the window its process committed is not counted. The row is marked
+// last_class = 'crash' while the attempt runs:
 //
 //	success, stale, dedup hit  the row is deleted (in the success's transaction)
 //	failure                    fail records the class and error over the mark,

@@ -65,23 +65,27 @@ func TestHelperProcessCrashingHandler(t *testing.T) {
 	t.Fatal("the poison event never reached the crashing handler")
 }
 
-// A handler that kills its process is counted before it runs: after
-// MaxRetries+1 crashes (each a real child process killed by its own
-// handler), the next delivery parks the message with class crash, without
-// running the handler, and the next event of the topic is applied.
+// A handler that kills its process is counted before it runs: its first
+// crash leaves the queue's crash-count window past the message (a first
+// delivery on a fresh queue is covered, not counted: window.go), so every
+// later delivery counts; after MaxRetries+2 crashes (each a real child
+// process killed by its own handler), the next delivery parks the message
+// with class crash, without running the handler, and the next event of the
+// topic is applied.
 func TestHandlerCrashParked(t *testing.T) {
 	t.Parallel()
 	eachDB(t, testHandlerCrashParked)
 }
 
 func testHandlerCrashParked(t *testing.T, db *sqlx.DB) {
-	const maxRetries = 1 // two crashes, then parked
+	const maxRetries = 1 // three crashes (the first seen as the window), then parked
 	topic, group := testenv.Name(t, "topic"), testenv.Name(t, "grp")
 	testenv.CreateTopic(t, topic, 1)
 	poison := wire.NewEventID()
 	newPublisher(t).send(topic, ev(poison, "Created"), []byte(`{"n":"poison"}`))
 
-	for crash := 1; crash <= maxRetries+1; crash++ {
+	const crashes = maxRetries + 2
+	for crash := 1; crash <= crashes; crash++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		cmd := testenv.Child{Test: "TestHelperProcessCrashingHandler", Env: []string{
 			envCrashDB + "=" + testenv.DBRef(t, db), envCrashTopic + "=" + topic, envCrashGroup + "=" + group,
@@ -95,9 +99,15 @@ func testHandlerCrashParked(t *testing.T, db *sqlx.DB) {
 		ws, ok := ee.Sys().(syscall.WaitStatus)
 		require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL && !timedOut,
 			"child %d was not killed by its handler: %v\n%s", crash, err, out)
-		require.Equal(t, 1, attemptRows(t, db, group, poison), "one attempt row")
-		require.Equal(t, crash, countRows(t, db, "SELECT attempts FROM rmqtx_consume_attempt WHERE consumer_group = ? AND event_id = ?", group, poison),
-			"crash %d counted before the handler ran", crash)
+		if crash == 1 {
+			require.Zero(t, attemptRows(t, db, group, poison), "the first delivery was covered by the window, not counted")
+			require.Equal(t, windowSpan, countRows(t, db, "SELECT high_offset FROM rmqtx_consume_window WHERE consumer_group = ? AND topic = ?", group, topic),
+				"the window committed past the poison's offset (0) before its handler ran")
+		} else {
+			require.Equal(t, 1, attemptRows(t, db, group, poison), "one attempt row")
+			require.Equal(t, crash-1, countRows(t, db, "SELECT attempts FROM rmqtx_consume_attempt WHERE consumer_group = ? AND event_id = ?", group, poison),
+				"crash %d counted before the handler ran (a suspect of the window)", crash)
+		}
 		testenv.AwaitGroupEmpty(t, group, 3*time.Minute)
 	}
 	require.Zero(t, effects(t, db))
@@ -132,7 +142,7 @@ func testHandlerCrashParked(t *testing.T, db *sqlx.DB) {
 	}
 	require.Equal(t, 1, effects(t, db))
 	require.Zero(t, attemptRows(t, db, group, next))
-	t.Logf("COUNTS crash park: crashes=%d parked=%d effects=%d handler_runs_after=%d", maxRetries+1, c.Processor().Stats().Parked, effects(t, db), ran.Load())
+	t.Logf("COUNTS crash park: crashes=%d parked=%d effects=%d handler_runs_after=%d", crashes, c.Processor().Stats().Parked, effects(t, db), ran.Load())
 }
 
 // Counting in the Processor alone: a crash is an attempt whose mark stays;
@@ -232,8 +242,10 @@ func testCrashCounting(t *testing.T, db *sqlx.DB) {
 
 // What crash counting costs a first delivery that applies, counted with
 // MariaDB's session counters on the pool's one connection: one INSERT (the
-// count) before the transaction and one DELETE of it inside, no read. With
-// NoCrashCount, nothing (TestAttemptBookkeepingCostsNoStatementOnFirstDeliveries).
+// count) before the transaction and one DELETE of it inside, no read; and
+// for a first delivery its queue's window covers, nothing but the window's
+// read and write once per windowSpan offsets. With NoCrashCount, nothing
+// (TestAttemptBookkeepingCostsNoStatementOnFirstDeliveries).
 func TestCrashCountCost(t *testing.T) {
 	t.Parallel()
 	// MariaDB only: PostgreSQL keeps no per-session command counters; the
@@ -269,6 +281,20 @@ func TestCrashCountCost(t *testing.T) {
 	require.Equal(t, before["Com_select"], after["Com_select"], "no read")
 	require.Zero(t, countRows(t, one, "SELECT COUNT(*) FROM rmqtx_consume_attempt"))
 	t.Logf("statements for %d first deliveries with crash counting: %v -> %v", n, before, after)
+
+	// First deliveries from a queue (as MessageFromExt names them), past
+	// any window: no count, no delete; one read and one write of the
+	// window per windowSpan offsets (window.go).
+	const m = 3 * windowSpan
+	before = status()
+	for off := range int64(m) {
+		require.Equal(t, ResultApplied, p.Process(ctx, qmsg(wire.NewEventID(), 0, off)).Result)
+	}
+	after = status()
+	require.Equal(t, 2*m+3, after["Com_insert"]-before["Com_insert"], "the dedup row and the handler's effect per event, and 3 window writes")
+	require.Zero(t, after["Com_delete"]-before["Com_delete"], "nothing to delete")
+	require.Equal(t, 3, after["Com_select"]-before["Com_select"], "3 window reads")
+	t.Logf("statements for %d first deliveries covered by the window: %v -> %v", m, before, after)
 }
 
 // Copies of one event delivered while its first copy's handler runs in the

@@ -37,14 +37,18 @@
 // whenever one may exist: on a retry (ReconsumeTimes > 0), or for an id this
 // process saw failing or found in the table at Consumer.Start; without
 // crash counting a first delivery of any other id issues no extra statement.
-// A handler that ends its process leaves no error, so by default every
-// attempt is also counted BEFORE its handler runs, in its own committed
-// statement (crash.go; two statements per applied event, two or three per
-// batch in batch mode, ProcessorConfig.NoCrashCount turns it off): past
-// MaxRetries attempts whose last one crashed, the message is parked with
-// class crash, not run again. A copy of an event whose attempt runs in the
-// same process is not counted (the mark it would see is that live
-// attempt's, not a crash's). Parked messages go to the dead-letter table
+// A handler that ends its process leaves no error, so by default an
+// attempt that may follow such a crash is also counted BEFORE its handler
+// runs, in its own committed statement (crash.go; two statements per
+// counted event, two or three per batch in batch mode,
+// ProcessorConfig.NoCrashCount turns it off): past MaxRetries attempts whose
+// last one crashed, the message is parked with class crash, not run again.
+// A first delivery past its queue's crash-count window is not counted
+// (window.go: a read and a committed write per 128 offsets of a queue mark
+// where handlers may run), so the first crash of such a message shows as
+// the window and parking takes MaxRetries+2 crashes. A copy of an event
+// whose attempt runs in the same process is not counted (the mark it would
+// see is that live attempt's, not a crash's). Parked messages go to the dead-letter table
 // with topic, queue, offset, msg id, event id, business key, class, error
 // text, payload hash and the envelope properties. The payload itself is not
 // stored unless ProcessorConfig.Redact opts out (KeepPayload, which a

@@ -52,12 +52,19 @@ type Event struct {
 // Delivery is where and how the broker delivered the message.
 type Delivery struct {
 	Topic          string // the original topic, also for retried messages
+	BrokerName     string // the broker of the queue the message came from ("" when not known)
 	QueueID        int
 	QueueOffset    int64
 	MsgID          string
 	ReconsumeTimes int // 0 on the first delivery
 	BornAt         time.Time
 	StoredAt       time.Time
+
+	// queueTopic is the topic of the queue the message was pulled from
+	// (a %RETRY% topic for a retried message), set by MessageFromExt only:
+	// with BrokerName, QueueID and QueueOffset it places a first delivery
+	// in its queue's crash-count window (window.go).
+	queueTopic string
 }
 
 // Message is the raw input of Processor.Process: a body, its properties and
@@ -86,7 +93,7 @@ func MessageFromExt(m *rmqmsg.MessageExt) Message {
 		d.Topic = rt
 	}
 	if m.Queue != nil {
-		d.QueueID = m.Queue.QueueId
+		d.QueueID, d.BrokerName, d.queueTopic = m.Queue.QueueId, m.Queue.BrokerName, m.Topic
 	}
 	if n, err := strconv.Atoi(m.GetProperty(propReconsume)); err == nil && n > d.ReconsumeTimes {
 		d.ReconsumeTimes = n

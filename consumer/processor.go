@@ -87,6 +87,11 @@ type Processor struct {
 	// running holds the ids whose counted attempt is under way in this
 	// process: another copy of such an event does not count (crash.go).
 	running runningSet
+	// windows are the crash-count windows of the queues this processor
+	// was delivered from (window.go).
+	windows windowSet
+	// windowsOff: the window table is missing; every attempt is counted.
+	windowsOff atomic.Bool
 	// preRead is the index in q.preRead of the statement the storm
 	// pre-read uses (one per isolation expression of the dialect); past the
 	// last, it is disabled.
@@ -106,6 +111,8 @@ type queries struct {
 	upsertAttempt, selectAttempt, deleteAttempt, upsertDeadLetterSQL string
 	// countAttempt and recordCounted are crash counting's (crash.go).
 	countAttempt, recordCounted string
+	// readWindow and writeWindow are the crash-count window's (window.go).
+	readWindow, writeWindow string
 }
 
 // NewProcessor validates cfg (after WithDefaults) and returns a Processor.
@@ -160,6 +167,7 @@ func newQueries(d dialect.Dialect, t tables) queries {
 			"?, ?, 1, ?, ?, "+now+", "+now, "consumer_group, event_id",
 			"last_class = "+d.Excluded("last_class")+", last_error = "+d.Excluded("last_error")+", updated_at = "+now),
 	}
+	q.readWindow, q.writeWindow = windowSQL(d, t.window) // rebound there
 	for _, iso := range d.IsolationExprs() {
 		q.preRead = append(q.preRead, "SELECT request_hash AS h, "+iso+" AS iso FROM "+t.log+" WHERE consumer_group = ? AND event_id = ?")
 	}

@@ -104,21 +104,29 @@ type ProcessorConfig struct {
 	// (park on the first failure).
 	MaxRetries int
 	// NoCrashCount turns off the attempt counted before each handler run.
-	// By default every delivery that reaches the database path counts its
-	// attempt in the consume_attempt table, in its own committed statement,
-	// before the handler runs; the success's transaction deletes the row.
-	// A handler that ends its process (a crash, os.Exit, an OOM kill)
-	// leaves no error to classify, and its redelivery looks like a first
-	// delivery, so only this count sees it: once an event's attempts
-	// exceed MaxRetries and the last one crashed, it is parked with class
-	// ClassCrash instead of running again (in batch mode an event whose
-	// last attempt crashed runs alone). The cost is two statements per
-	// applied event (the count, and its delete in the transaction); in batch
-	// mode two per batch whatever its size (one count for all its events,
-	// one delete in its transaction), three when some of its events had an
-	// attempt row already (the read of those that crashed; MySQL only). A
-	// copy of an event whose counted attempt runs in this process does not
-	// count. With NoCrashCount such an event is redelivered for as long as
+	// By default a delivery that reaches the database path and may be the
+	// redelivery of a handler that ended its process counts its attempt in
+	// the consume_attempt table, in its own committed statement, before the
+	// handler runs; the success's transaction deletes the row. A handler
+	// that ends its process (a crash, os.Exit, an OOM kill) leaves no error
+	// to classify, and its redelivery looks like a first delivery, so only
+	// this count sees it: once an event's attempts exceed MaxRetries and the
+	// last one crashed, it is parked with class ClassCrash instead of
+	// running again (in batch mode an event whose last attempt crashed runs
+	// alone). Which deliveries count: retries, messages built without
+	// MessageFromExt, and first deliveries at or below their queue's
+	// crash-count window (the consume_window table: the highest offset any
+	// process may have started a handler on, which each process commits
+	// 128 offsets ahead: a read and a write per 128 deliveries of a queue).
+	// Other first deliveries cost nothing, and the first crash of such a
+	// message is seen as the window only, so it is parked after
+	// MaxRetries+2 crashes. After a restart or a rebalance, up to 128
+	// deliveries per queue count. A counted delivery costs two statements
+	// (the count, and its delete in the transaction); in batch mode two per
+	// batch whatever its size (one count for its counted events, one delete
+	// in its transaction), three when some of its events had an attempt row
+	// already (the read of those that crashed; MySQL only). A copy of an
+	// event whose counted attempt runs in this process does not count. With NoCrashCount such an event is redelivered for as long as
 	// it crashes.
 	NoCrashCount bool
 	// MaxWaits bounds Wait failures (business waits and strict version gaps)

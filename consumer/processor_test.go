@@ -483,12 +483,12 @@ func testMigrateIdempotentWithPrefix(t *testing.T, db *sqlx.DB) {
 	for range 2 {
 		require.NoError(t, migrateTables(ctx, db, "svc_a_"))
 	}
-	require.Equal(t, 1, countRows(t, db, "SELECT COUNT(*) FROM svc_a_schema_migrations WHERE part = 'consumer'"))
+	require.Equal(t, 2, countRows(t, db, "SELECT COUNT(*) FROM svc_a_schema_migrations WHERE part = 'consumer'"), "steps 1 and 2, once each")
 	schema := "DATABASE()"
 	if db.DriverName() != "mysql" {
 		schema = "current_schema()"
 	}
-	require.Equal(t, 5, countRows(t, db, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "+schema+" AND table_name LIKE 'svc\\_a\\_%'"),
-		"the four consumer tables and the version table")
+	require.Equal(t, 6, countRows(t, db, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = "+schema+" AND table_name LIKE 'svc\\_a\\_%'"),
+		"the five consumer tables and the version table")
 	require.ErrorIs(t, migrateTables(ctx, db, "bad prefix"), ErrConfig)
 }

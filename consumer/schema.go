@@ -27,11 +27,12 @@ const (
 	AggregateVersionTable = "aggregate_version"
 	AttemptTable          = "consume_attempt"
 	DeadLetterTable       = "dead_letter"
+	WindowTable           = "consume_window"
 )
 
 // tables holds the prefixed table names, built once from a validated prefix.
 type tables struct {
-	log, version, attempt, dead string
+	log, version, attempt, dead, window string
 }
 
 func newTables(prefix string) (tables, error) {
@@ -46,6 +47,7 @@ func newTables(prefix string) (tables, error) {
 		version: prefix + AggregateVersionTable,
 		attempt: prefix + AttemptTable,
 		dead:    prefix + DeadLetterTable,
+		window:  prefix + WindowTable,
 	}, nil
 }
 
@@ -55,6 +57,7 @@ type TableNames struct {
 	AggregateVersion string // version guard
 	Attempt          string // failed attempts of events not applied yet
 	DeadLetter       string // parked messages
+	Window           string // crash-count windows: per group and queue, the offsets a process may have run handlers on
 }
 
 // Tables returns the consumer's table names under prefix ("" means
@@ -64,7 +67,7 @@ func Tables(prefix string) (TableNames, error) {
 	if err != nil {
 		return TableNames{}, err
 	}
-	return TableNames{ConsumeLog: t.log, AggregateVersion: t.version, Attempt: t.attempt, DeadLetter: t.dead}, nil
+	return TableNames{ConsumeLog: t.log, AggregateVersion: t.version, Attempt: t.attempt, DeadLetter: t.dead, Window: t.window}, nil
 }
 
 // ConsumeLogRow is a consume-log (dedup) row as TableNames.ConsumeLogByEvent
@@ -97,7 +100,7 @@ type AttemptRow struct {
 // {{...}} placeholders under prefix ("" means the default prefix). schema.MigrateAll runs them.
 //
 // The steps create the consume log, the aggregate versions, the failed
-// attempts and the dead letters. A database migrated by an earlier release
+// attempts and the dead letters (step 1), and the crash-count windows (step 2). A database migrated by an earlier release
 // recorded them in <prefix>consumer_schema.
 func Migrations(d string, prefix string) (fs.FS, map[string]string, error) {
 	t, err := newTables(prefix)
@@ -116,5 +119,6 @@ func Migrations(d string, prefix string) (fs.FS, map[string]string, error) {
 		"{{" + AggregateVersionTable + "}}": t.version,
 		"{{" + AttemptTable + "}}":          t.attempt,
 		"{{" + DeadLetterTable + "}}":       t.dead,
+		"{{" + WindowTable + "}}":           t.window,
 	}, nil
 }

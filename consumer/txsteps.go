@@ -111,7 +111,9 @@ func (p *Processor) apply(ctx context.Context, it item) Outcome {
 	// process (crash.go): the claim lasts until the outcome is recorded.
 	if p.counting() && !it.ev.counted && p.running.claim(ev.ID) {
 		defer p.running.release(ev.ID)
-		p.countAttempt(ctx, &it)
+		if !p.covered(ctx, ev) {
+			p.countAttempt(ctx, &it) // a suspect of its queue's window (window.go)
+		}
 	}
 	return p.result(ctx, it, p.applyTx(ctx, it))
 }

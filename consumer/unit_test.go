@@ -179,7 +179,7 @@ func TestMigrationsLoad(t *testing.T) {
 	fsys, names, err := Migrations("mysql", "pfx_")
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"{{consume_log}}": "pfx_consume_log", "{{aggregate_version}}": "pfx_aggregate_version",
-		"{{consume_attempt}}": "pfx_consume_attempt", "{{dead_letter}}": "pfx_dead_letter"}, names)
+		"{{consume_attempt}}": "pfx_consume_attempt", "{{dead_letter}}": "pfx_dead_letter", "{{consume_window}}": "pfx_consume_window"}, names)
 	migs, err := migrate.Load(fsys, ".")
 	require.NoError(t, err)
 	require.NotEmpty(t, migs)

@@ -588,12 +588,46 @@ func TestPerAggregateOrder(t *testing.T) {
 }
 
 // jitterBatch delays each batch send a little, so sends overtake each
-// other; it is a BatchSink, so its dispatcher holds its claims.
-type jitterBatch struct{ countingBatch }
+// other; it is a BatchSink, so its dispatcher holds its claims. Its first
+// send waits at the gate.
+type jitterBatch struct {
+	countingBatch
+	gate *bothGate
+	i    int
+}
 
 func (j jitterBatch) SendBatch(ctx context.Context, msgs []*Message) []error {
+	j.gate.pass(j.i)
 	time.Sleep(time.Duration(mrand.IntN(3000)) * time.Microsecond)
 	return j.countingBatch.SendBatch(ctx, msgs)
+}
+
+// bothGate holds the sends of each of two dispatchers until both have a
+// send to make (bounded by a minute), so that both provably take part: a
+// dispatcher holds far fewer rows than the test enqueues, so while its
+// sends wait, the other claims the rest. Without it the first dispatcher
+// to start could send every row before the second claimed one.
+type bothGate struct {
+	mu   sync.Mutex
+	seen [2]bool
+	open chan struct{}
+}
+
+func newBothGate() *bothGate { return &bothGate{open: make(chan struct{})} }
+
+func (g *bothGate) pass(i int) {
+	g.mu.Lock()
+	if !g.seen[i] {
+		g.seen[i] = true
+		if g.seen[0] && g.seen[1] {
+			close(g.open)
+		}
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.open:
+	case <-time.After(time.Minute):
+	}
 }
 
 func runOrder(t *testing.T, b *bed, held bool) {
@@ -612,21 +646,26 @@ func runOrder(t *testing.T, b *bed, held bool) {
 		b.enqueue(t, evs...)
 	}
 	var sinks []*countingSink
+	gate := newBothGate()
 	for i := 0; i < 2; i++ {
 		// a small random delay per send makes sends overtake each other
 		var jittered Sink
 		if held {
 			c := countingB(b.sink(t))
-			sinks, jittered = append(sinks, c.countingSink), jitterBatch{c}
+			sinks, jittered = append(sinks, c.countingSink), jitterBatch{countingBatch: c, gate: gate, i: i}
 		} else {
 			s := counting(b.sink(t))
 			sinks = append(sinks, s)
 			jittered = FuncSink(func(ctx context.Context, m *Message) error {
+				gate.pass(i)
 				time.Sleep(time.Duration(mrand.IntN(3000)) * time.Microsecond)
 				return s.Send(ctx, m)
 			})
 		}
-		b.dispatcher(t, Config{Sink: jittered, Name: fmt.Sprintf("order-%d", i), BatchSize: 32, Concurrency: 32,
+		// 4 sends in flight hold at most 4 batches of 32 and their claims
+		// ahead: well under the 1,000 rows, so the other dispatcher finds
+		// rows to claim while this one's sends wait at the gate.
+		b.dispatcher(t, Config{Sink: jittered, Name: fmt.Sprintf("order-%d", i), BatchSize: 32, Concurrency: 4,
 			PollInterval: 100 * time.Millisecond})
 	}
 	b.waitStatus(t, StatusSent, aggs*versions, 3*time.Minute)
@@ -672,8 +711,8 @@ func runOrder(t *testing.T, b *bed, held bool) {
 	}
 	t.Logf("order (held %v): %d aggregates x %d versions, %d distinct delivered (%d deliveries); every aggregate on one queue in version order; aggregates per queue %v; sends per dispatcher %v",
 		held, aggs, versions, snap.Distinct(), snap.Total, queuesUsed, per)
-	require.Positive(t, per[0])
-	require.Positive(t, per[1])
+	require.Positive(t, per[0], "dispatcher 0 sent")
+	require.Positive(t, per[1], "dispatcher 1 sent")
 }
 
 // TestShutdownDrainsAndHandsBack: Shutdown waits for a send in flight; when

@@ -34,7 +34,8 @@ func TestFilesNameAndNumberTheSteps(t *testing.T) {
 		"000001_rmqtx_txlog_001_create_txlog.up.sql",
 		"000002_rmqtx_outbox_001_outbox.up.sql",
 		"000003_rmqtx_consumer_001_consumer.up.sql",
-		"000004_rmqtx_replay_001_replay_audit.up.sql",
+		"000004_rmqtx_consumer_002_consume_window.up.sql",
+		"000005_rmqtx_replay_001_replay_audit.up.sql",
 	}, names(all), `"" is golang-migrate, every component, the default prefix`)
 	for _, f := range all {
 		require.Contains(t, f.SQL, "rmqtx_"+schema.VersionTable, "every file records its step")
@@ -44,7 +45,7 @@ func TestFilesNameAndNumberTheSteps(t *testing.T) {
 	goose, err := schema.Files(schema.FilesOptions{Dialect: "postgres", Format: schema.Goose,
 		Options: schema.Options{Prefix: "svc_", Components: []schema.Component{schema.Replay}}})
 	require.NoError(t, err)
-	require.Equal(t, []string{"00001_svc_consumer_001_consumer.sql", "00002_svc_replay_001_replay_audit.sql"}, names(goose),
+	require.Equal(t, []string{"00001_svc_consumer_001_consumer.sql", "00002_svc_consumer_002_consume_window.sql", "00003_svc_replay_001_replay_audit.sql"}, names(goose),
 		"replay brings the consumer's dead letters")
 	for _, f := range goose {
 		require.True(t, strings.HasPrefix(f.SQL, "-- +goose Up\n"), f.Name)
@@ -62,7 +63,7 @@ func TestFilesNameAndNumberTheSteps(t *testing.T) {
 		Options:  schema.Options{Components: []schema.Component{schema.TxLog, schema.Consumer}},
 		Existing: []string{"000001_users.up.sql", "000001_users.down.sql", "000007_rmqtx_txlog_001_create_txlog.up.sql", "000012_orders.up.sql", "README.md"}})
 	require.NoError(t, err)
-	require.Equal(t, []string{"000013_rmqtx_consumer_001_consumer.up.sql"}, names(later))
+	require.Equal(t, []string{"000013_rmqtx_consumer_001_consumer.up.sql", "000014_rmqtx_consumer_002_consume_window.up.sql"}, names(later))
 	none, err := schema.Files(schema.FilesOptions{Dialect: "mysql", Options: schema.Options{Components: []schema.Component{schema.TxLog}},
 		Existing: []string{"000007_rmqtx_txlog_001_create_txlog.up.sql"}})
 	require.NoError(t, err)
@@ -117,7 +118,7 @@ func testFilesApplyLikeMigrate(t *testing.T, db *sqlx.DB) {
 		prefix := "f" + testenv.RandSuffix(6) + "_"
 		files, err := schema.Files(schema.FilesOptions{Dialect: d, Format: format, Options: schema.Options{Prefix: prefix}})
 		require.NoError(t, err)
-		require.Len(t, files, len(schema.PartNames()), "one step per owner today")
+		require.Len(t, files, len(schema.PartNames())+1, "one step per owner today, two for the consumer")
 		for _, f := range files {
 			_, err := plain.ExecContext(ctx, f.SQL)
 			require.NoError(t, err, "%s %s", format, f.Name)
@@ -187,7 +188,7 @@ func testMigrateComponents(t *testing.T, db *sqlx.DB) {
 		"only the consumer's steps ran")
 	rows := versionRows(t, ctx, db, prefix)
 	require.Equal(t, txlogRows[0], rows[0], "the txlog's row is as the first run wrote it")
-	require.Len(t, rows, 2)
+	require.Len(t, rows, 3, "the txlog's step and the consumer's two")
 
 	resolved, err := only(schema.Replay).Resolved()
 	require.NoError(t, err)
@@ -196,7 +197,7 @@ func testMigrateComponents(t *testing.T, db *sqlx.DB) {
 	replayTables, err := only(schema.Replay).Tables()
 	require.NoError(t, err)
 	require.ElementsMatch(t, append(replayTables, prefix+schema.VersionTable), tablesWith(t, ctx, db, prefix))
-	require.Len(t, versionRows(t, ctx, db, prefix), 3)
+	require.Len(t, versionRows(t, ctx, db, prefix), 4)
 }
 
 // tablesWith lists the tables of the current schema whose name starts with

@@ -119,7 +119,7 @@ var parts = []part{
 	{component: Consumer, name: "consumer", migrations: consumer.Migrations, legacy: "consumer_schema",
 		tables: func(prefix string) ([]string, error) {
 			t, err := consumer.Tables(prefix)
-			return []string{t.ConsumeLog, t.AggregateVersion, t.Attempt, t.DeadLetter}, err
+			return []string{t.ConsumeLog, t.AggregateVersion, t.Attempt, t.DeadLetter, t.Window}, err
 		}},
 	{component: Replay, name: "replay audit", migrations: replay.Migrations, legacy: "replay_schema", needs: []Component{Consumer},
 		tables: func(prefix string) ([]string, error) {

@@ -22,7 +22,7 @@ import (
 var owners = map[string]struct{ tables, states []string }{
 	"txlog":    {[]string{"txlog"}, []string{"COMMITTED", "ROLLED_BACK"}},
 	"outbox":   {[]string{"outbox"}, []string{"PENDING", "SENDING", "SENT", "RETRY", "DEAD"}},
-	"consumer": {[]string{"consume_log", "consume_attempt", "aggregate_version", "dead_letter"}, []string{"SUCCESS", "STALE", "PARKED", "REPLAYED", "DISCARDED", "RETRYING"}},
+	"consumer": {[]string{"consume_log", "consume_attempt", "consume_window", "aggregate_version", "dead_letter"}, []string{"SUCCESS", "STALE", "PARKED", "REPLAYED", "DISCARDED", "RETRYING"}},
 	"replay":   {[]string{"replay_audit", "replay_audit_item"}, []string{"RUNNING", "COMPLETED", "STOPPED", "FAILED"}},
 }
 

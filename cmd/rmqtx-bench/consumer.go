@@ -90,12 +90,13 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	rawBatch := &Side{Name: sideRawBatch, Unit: "msgs/s", Description: fmt.Sprintf("rocketmq-client-go push consumer handing over up to %d messages of a queue at once; handler: BEGIN; business INSERT per message; COMMIT (no dedup: what batching alone gives this handler, the ceiling of any batch mode)", consumer.DefaultBatchTxSize)}
 	firstNC := &Side{Name: sideFirstNoCount, Unit: "msgs/s", Description: "the same as rmqtx first delivery with ProcessorConfig.NoCrashCount: no attempt counted before the handler (a handler that kills its process is then redelivered for as long as it does), so what the crash count costs shows"}
 	batchNC := &Side{Name: sideBatchNoCount, Unit: "msgs/s", Description: "the same as rmqtx batch mode with NoCrashCount"}
-	w.Sides = []*Side{raw, rawDedup, first, firstNC, batch, batchNC, rawBatch, cold, warm, noop}
+	rawBatchDedup := &Side{Name: sideRawBatchDedup, Unit: "msgs/s", Description: fmt.Sprintf("the raw batch handler (up to %d messages at once) made idempotent by hand: BEGIN; per message INSERT IGNORE of the dedup row (group, event id) and the business INSERT unless it was there; COMMIT", consumer.DefaultBatchTxSize)}
+	w.Sides = []*Side{raw, rawDedup, first, firstNC, batch, batchNC, rawBatch, rawBatchDedup, cold, warm, noop}
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
 	rawTable, txTable, dedupTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc"), e.Names.Name("orders_rawdc")
-	batchTable, rawBatchTable := e.Names.Name("orders_batchc"), e.Names.Name("orders_rawbc")
+	batchTable, rawBatchTable, rawBatchDedupTable := e.Names.Name("orders_batchc"), e.Names.Name("orders_rawbc"), e.Names.Name("orders_rawbdc")
 	handDedup := e.Names.Name("handdedup")
 	prefix := e.Names.Name("c") + "_"
 	for _, t := range []string{topic, dupTopic} {
@@ -103,7 +104,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return fail(err)
 		}
 	}
-	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable} {
+	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable, rawBatchDedupTable} {
 		if err := e.businessTable(ctx, t); err != nil {
 			return fail(err)
 		}
@@ -175,11 +176,26 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
 		}
 	}
-	// startRawBatch is batching without rmqtx: one transaction per handed
-	// over batch, no dedup, so not exactly once. It bounds what any batch
-	// mode can gain with this handler.
-	rawBatchInsert := e.insertOrderSQL(rawBatchTable)
-	startRawBatch := func(group string) func() (*drain, error) {
+	// handDedupStep is the hand-written idempotent step both raw dedup sides run
+	// in their transaction: the dedup row, then, unless it was there (dup),
+	// the business row. The caller rolls back on an error.
+	handDedupStep := func(ctx context.Context, tx *sqlx.Tx, group, insert string, m *primitive.MessageExt) (dup bool, err error) {
+		id := m.GetProperty(wire.PropEventID)
+		res, err := tx.ExecContext(ctx, dedupRow, group, id)
+		if err != nil {
+			return false, err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err == nil, err
+		}
+		_, err = tx.ExecContext(ctx, insert, id, int64(len(m.Body)), m.Body)
+		return false, err
+	}
+	// startBatchSide runs a raw batch consumer whose handler runs each (the
+	// business write, and its dedup on the dedup side) for every message
+	// of a handed-over batch in one transaction; dups, when set, counts
+	// the messages each found already applied.
+	startBatchSide := func(group string, dups *atomic.Int64, each func(ctx context.Context, tx *sqlx.Tx, m *primitive.MessageExt) (bool, error)) func() (*drain, error) {
 		return func() (*drain, error) {
 			var c atomic.Int64
 			pc, err := e.rawBatchConsumer(group, topic, o.Concurrency, consumer.DefaultBatchTxSize, func(ctx context.Context, msgs []*primitive.MessageExt) error {
@@ -187,14 +203,22 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				if err != nil {
 					return err
 				}
+				var n int64
 				for _, m := range msgs {
-					if _, err := tx.ExecContext(ctx, rawBatchInsert, m.GetProperty(wire.PropEventID), int64(len(m.Body)), m.Body); err != nil {
+					dup, err := each(ctx, tx, m)
+					if err != nil {
 						_ = tx.Rollback()
 						return err
+					}
+					if dup {
+						n++ // a duplicate: no effect
 					}
 				}
 				if err := tx.Commit(); err != nil {
 					return err
+				}
+				if dups != nil {
+					dups.Add(n)
 				}
 				c.Add(int64(len(msgs)))
 				return nil
@@ -205,6 +229,26 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
 		}
 	}
+	// startRawBatch is batching without rmqtx: one transaction per handed
+	// over batch, no dedup, so not exactly once. It bounds what any batch
+	// mode can gain with this handler.
+	rawBatchInsert := e.insertOrderSQL(rawBatchTable)
+	startRawBatch := func(group string) func() (*drain, error) {
+		return startBatchSide(group, nil, func(ctx context.Context, tx *sqlx.Tx, m *primitive.MessageExt) (bool, error) {
+			_, err := tx.ExecContext(ctx, rawBatchInsert, m.GetProperty(wire.PropEventID), int64(len(m.Body)), m.Body)
+			return false, err
+		})
+	}
+	// startRawBatchDedup is the raw batch handler made idempotent the way
+	// the hand-written handler below is, message by message in the batch's
+	// transaction.
+	rawBatchDedupInsert := e.insertOrderSQL(rawBatchDedupTable)
+	var rawBatchDedupDups atomic.Int64
+	startRawBatchDedup := func(group string) func() (*drain, error) {
+		return startBatchSide(group, &rawBatchDedupDups, func(ctx context.Context, tx *sqlx.Tx, m *primitive.MessageExt) (bool, error) {
+			return handDedupStep(ctx, tx, group, rawBatchDedupInsert, m)
+		})
+	}
 	// startRawDedup is what a careful user writes without rmqtx: the dedup
 	// row and the business row in one transaction, a duplicate rolled back.
 	var rawDedupDups atomic.Int64
@@ -212,27 +256,18 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		return func() (*drain, error) {
 			var c atomic.Int64
 			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
-				id := m.GetProperty(wire.PropEventID)
 				tx, err := e.DB.BeginTxx(ctx, nil)
 				if err != nil {
 					return err
 				}
-				res, err := tx.ExecContext(ctx, dedupRow, group, id)
-				if err != nil {
-					_ = tx.Rollback()
-					return err
-				}
-				if n, err := res.RowsAffected(); err != nil || n == 0 {
+				dup, err := handDedupStep(ctx, tx, group, dedupInsert, m)
+				if err != nil || dup {
 					_ = tx.Rollback()
 					if err != nil {
 						return err
 					}
 					rawDedupDups.Add(1)
 					return nil // a duplicate: ACK without the effect
-				}
-				if _, err := tx.ExecContext(ctx, dedupInsert, id, int64(len(m.Body)), m.Body); err != nil {
-					_ = tx.Rollback()
-					return err
 				}
 				if err := tx.Commit(); err != nil {
 					return err
@@ -373,7 +408,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		e.Log("  warm-up done")
 	}
 
-	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideFirstNoCount, sideBatch, sideBatchNoCount, sideRawBatch}, []string{sideDupWarm, sideDupCold}
+	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideFirstNoCount, sideBatch, sideBatchNoCount, sideRawBatch, sideRawBatchDedup}, []string{sideDupWarm, sideDupCold}
 	logRound := func(r int, name string, ro Round) {
 		cpu := fmt.Sprintf(", cpu/msg: bench %.0fus", ro.Extra["bench_cpu_us_per_msg"])
 		if v, ok := ro.Extra["db_cpu_us_per_msg"]; ok {
@@ -390,7 +425,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
 		rawGroup, txGroup, dedupGroup, batchGroup := e.Names.Name("craw"), e.Names.Name("ctx"), e.Names.Name("crawd"), e.Names.Name("cbatch")
-		rawBatchGroup, ncGroup, ncBatchGroup := e.Names.Name("crawb"), e.Names.Name("cnc"), e.Names.Name("cncb")
+		rawBatchGroup, ncGroup, ncBatchGroup, rawBatchDedupGroup := e.Names.Name("crawb"), e.Names.Name("cnc"), e.Names.Name("cncb"), e.Names.Name("crawbd")
 		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
@@ -430,6 +465,11 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawBatch(rawBatchGroup))
 				if err == nil {
 					rawBatch.Rounds = append(rawBatch.Rounds, ro)
+				}
+			case sideRawBatchDedup:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawBatchDedup(rawBatchDedupGroup))
+				if err == nil {
+					rawBatchDedup.Rounds = append(rawBatchDedup.Rounds, ro)
 				}
 			case sideRawDedup:
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawDedup(dedupGroup))
@@ -487,8 +527,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	}
 
 	// Effects: the rmqtx handler ran once per (group, event) - warm-up group
-	// included - and never for a duplicate.
-	rounds := int64(len(first.Rounds))
+	// and the NoCrashCount side's groups included (they share the handler
+	// and the table) - and never for a duplicate.
+	rounds := int64(len(first.Rounds) + len(firstNC.Rounds))
 	warmup := int64(0)
 	if o.Warmup > 0 {
 		warmup = 1
@@ -503,14 +544,20 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			e.Log("  check: %d rmqtx business rows = %d groups x %d events; 0 effects from %d duplicate deliveries", rows, rounds+warmup, n, int64(len(cold.Rounds)+len(warm.Rounds))*int64(n))
 		}
 	}
-	if rows, err := e.countRows(ctx, batchTable); err == nil && int64(rows) != int64(len(batch.Rounds))*int64(n) {
-		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d batch-mode business rows for %d (group, event) pairs", rows, int64(len(batch.Rounds))*int64(n)))
+	if rows, err := e.countRows(ctx, batchTable); err == nil && int64(rows) != int64(len(batch.Rounds)+len(batchNC.Rounds))*int64(n) {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d batch-mode business rows for %d (group, event) pairs", rows, int64(len(batch.Rounds)+len(batchNC.Rounds))*int64(n)))
 	}
 	if rows, err := e.countRows(ctx, rawBatchTable); err == nil && int64(rows) < int64(len(rawBatch.Rounds))*int64(n) {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d raw batch business rows for %d (group, event) pairs", rows, int64(len(rawBatch.Rounds))*int64(n)))
 	}
 	if rows, err := e.countRows(ctx, dedupTable); err == nil && int64(rows) != int64(len(rawDedup.Rounds))*int64(n) {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d hand-written dedup business rows for %d (group, event) pairs", rows, int64(len(rawDedup.Rounds))*int64(n)))
+	}
+	if rows, err := e.countRows(ctx, rawBatchDedupTable); err == nil && int64(rows) != int64(len(rawBatchDedup.Rounds))*int64(n) {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d hand-written batch dedup business rows for %d (group, event) pairs", rows, int64(len(rawBatchDedup.Rounds))*int64(n)))
+	}
+	if d := rawBatchDedupDups.Load(); d > 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("raw batch handler + dedup absorbed %d redeliveries", d))
 	}
 	if d := rawDedupDups.Load(); d > 0 {
 		w.Notes = append(w.Notes, fmt.Sprintf("raw handler + dedup absorbed %d redeliveries", d))

@@ -308,15 +308,16 @@ const (
 	sideRmqtxTraced = "rmqtx Send + tracing"
 	sideRmqtxPhases = "rmqtx Send + phase spans"
 
-	sideRawHandler   = "raw handler"
-	sideRawDedup     = "raw handler + dedup"
-	sideFirst        = "rmqtx first delivery"
-	sideBatch        = "rmqtx batch mode"
-	sideDupCold      = "rmqtx duplicate hit, cold (DB)"
-	sideDupWarm      = "rmqtx duplicate hit, warm (cache)"
-	sideNoopHandler  = "raw no-op handler (ceiling)"
-	sideFirstNoCount = "rmqtx first delivery, NoCrashCount"
-	sideBatchNoCount = "rmqtx batch mode, NoCrashCount"
+	sideRawHandler    = "raw handler"
+	sideRawDedup      = "raw handler + dedup"
+	sideFirst         = "rmqtx first delivery"
+	sideBatch         = "rmqtx batch mode"
+	sideDupCold       = "rmqtx duplicate hit, cold (DB)"
+	sideDupWarm       = "rmqtx duplicate hit, warm (cache)"
+	sideNoopHandler   = "raw no-op handler (ceiling)"
+	sideFirstNoCount  = "rmqtx first delivery, NoCrashCount"
+	sideRawBatchDedup = "raw batch handler + dedup"
+	sideBatchNoCount  = "rmqtx batch mode, NoCrashCount"
 
 	sideOutboxRaw  = "raw SendSync"
 	sideOutboxOne  = "rmqtx dispatcher x1"
@@ -363,6 +364,8 @@ func addRatios(w *Workload) {
 		w.AddRatio("first delivery, NoCrashCount / raw handler + dedup", sideFirstNoCount, sideRawDedup, 0)
 		w.AddRatio("first delivery / first delivery, NoCrashCount", sideFirst, sideFirstNoCount, 0)
 		w.AddRatio("batch mode, NoCrashCount / raw batch handler", sideBatchNoCount, sideRawBatch, 0)
+		w.AddRatio("rmqtx batch mode / raw batch handler + dedup", sideBatch, sideRawBatchDedup, 0)
+		w.AddRatio("raw batch handler + dedup / raw batch handler", sideRawBatchDedup, sideRawBatch, 0)
 		w.AddRatio("batch mode / batch mode, NoCrashCount", sideBatch, sideBatchNoCount, 0)
 		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
 		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)

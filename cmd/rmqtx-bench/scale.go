@@ -482,6 +482,9 @@ func runScalePoint(ctx context.Context, e *Env, k int, pt *ScalePoint, withArchi
 		if pt.IDs == idsHashed {
 			chunk = scaleChunkHashed
 		}
+		if err := checkScaleDisk(ctx, pe.DB, pt.DB, pe.S.DBAddr(), pt.Rows, e.Log); err != nil {
+			return nil, err
+		}
 		pr, err := preload(ctx, pe.DB, pt.DB, tables, shape, chunk, e.Log)
 		if err != nil {
 			return nil, err

@@ -54,7 +54,8 @@ func TestMigratePrint(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	require.Equal(t, []string{"00000000000001_rmqtx_txlog_001_create_txlog.sql", "00000000000002_orders.sql",
-		"00000000000003_rmqtx_consumer_001_consumer.sql"}, names, "the consumer's step comes after the service's own")
+		"00000000000003_rmqtx_consumer_001_consumer.sql", "00000000000004_rmqtx_consumer_002_consume_window.sql"}, names,
+		"the consumer's steps come after the service's own")
 	r = runCLI(nil, "migrate", "--print", "--dialect", "postgres", "--format", "atlas", "--components", "consumer", "--out", dir)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "nothing to write")

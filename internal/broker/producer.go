@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
@@ -71,30 +70,33 @@ func NewProducer(cfg ProducerConfig) (Producer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return plainProducer{p}, nil
+	return plainProducer{Producer: p}, nil
 }
 
-// plainProducer is the client's Producer with SendBatch.
+// plainProducer is the client's Producer with SendBatch and the route
+// race waited out (routerace.go).
 type plainProducer struct {
 	rocketmq.Producer
+	// settle waits for a route update in progress; nil: settleRoute on
+	// the client behind Producer (tests replace it).
+	settle func(topic string) bool
 }
 
-// SendSync sends msgs once more when the client reports no route for the
-// topic ("route info not found"): rocketmq-client-go's first concurrent
-// sends to a topic race on its route cache (no upstream issue found:
-// defaultProducer.tryToFindTopicPublishInfo lets a goroutine that loses the
-// race see no route although the name server has one), so a dispatcher
-// starting on a new topic saw some of its first sends fail. The second
-// call finds the route the first one loaded; for a topic that does not
-// exist it fails the same way. Without client retries (the outbox's
-// default) nothing reached a broker before that error; with them a resend
-// is a duplicate of the same message, which consumers absorb.
+// SendSync sends msgs; a send that met the client's route race (a
+// concurrent first send to the topic was recording its route: "route info
+// not found") waits for that update to finish and is sent once more
+// (routerace.go). Client patch 9 removes the race in rmqtx's own build;
+// this is for services built with the upstream client.
 func (p plainProducer) SendSync(ctx context.Context, msgs ...*Message) (*SendResult, error) {
-	res, err := p.Producer.SendSync(ctx, msgs...)
-	if err != nil && ctx.Err() == nil && strings.Contains(err.Error(), "route info not found") {
-		res, err = p.Producer.SendSync(ctx, msgs...)
+	settle := p.settle
+	if settle == nil {
+		settle = func(topic string) bool { return settleRoute(p.Producer, topic) }
 	}
-	return res, err
+	topic := ""
+	if len(msgs) > 0 {
+		topic = msgs[0].Topic
+	}
+	return sendSettled(ctx, settle, topic, func() (*SendResult, error) { return p.Producer.SendSync(ctx, msgs...) })
 }
 
 // SendBatch works around the client's batch encoding: it gives the

@@ -204,6 +204,11 @@ func (p *pushConsumer) Close(ctx context.Context) error {
 func (p *pushConsumer) Discarded() int64 { return p.gate.Discarded() }
 func (p *pushConsumer) RefreshNow()      { refreshNow(p.pc) }
 
+// Reacquired is how many queues Close stopped waiting for as given back by
+// a rebalance just before it (pushstop.Gate.Reacquired): their messages
+// above the offset the client held are delivered again.
+func (p *pushConsumer) Reacquired() int64 { return p.gate.Reacquired() }
+
 // SetNextDelayLevel sets the delay level of a ConsumeRetryLater answer
 // given in ctx, a concurrent push consumer's callback context (the broker
 // redelivers after that level's delay); elsewhere it does nothing.

@@ -2,9 +2,7 @@ package broker
 
 import (
 	"context"
-	"reflect"
 	"time"
-	"unsafe"
 
 	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
@@ -112,6 +110,17 @@ type txProducer struct {
 	group string
 }
 
+// SendMessageInTransaction sends m's half; a send that met the client's
+// route race waits for the route update in progress and is sent once more
+// (routerace.go). The local transaction runs only after a half is stored,
+// so it runs once.
+func (t txProducer) SendMessageInTransaction(ctx context.Context, m *Message) (*TransactionSendResult, error) {
+	settle := func(topic string) bool { return settleRoute(t.TransactionProducer, topic) }
+	return sendSettled(ctx, settle, m.Topic, func() (*TransactionSendResult, error) {
+		return t.TransactionProducer.SendMessageInTransaction(ctx, m)
+	})
+}
+
 func (t txProducer) CanHeartbeat() bool  { return internalClient(t.TransactionProducer) != nil }
 func (t txProducer) Heartbeat() bool     { return heartbeatNow(t.TransactionProducer) }
 func (t txProducer) RefreshRoutes() bool { return refreshRoutes(t.TransactionProducer) }
@@ -195,23 +204,4 @@ func refreshRoutes(tp rocketmq.TransactionProducer) (ok bool) {
 // methods that take the client's own locks, as its timers do.
 // TestHeartbeatNowFindsTheClient (txproducer) fails when an upgrade
 // changes that layout.
-func internalClient(tp rocketmq.TransactionProducer) (client any) {
-	defer func() {
-		if recover() != nil {
-			client = nil
-		}
-	}()
-	v := reflect.ValueOf(tp)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil
-	}
-	dp := v.Elem().FieldByName("producer")
-	if !dp.IsValid() || dp.Kind() != reflect.Pointer || dp.IsNil() {
-		return nil
-	}
-	c := dp.Elem().FieldByName("client")
-	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
-		return nil
-	}
-	return reflect.NewAt(c.Type(), unsafe.Pointer(c.UnsafeAddr())).Elem().Interface()
-}
+func internalClient(tp rocketmq.TransactionProducer) (client any) { return clientOf(tp) }

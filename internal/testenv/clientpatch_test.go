@@ -220,3 +220,36 @@ func TestRequestEndsWhenItsConnectionBreaks(t *testing.T) {
 		require.GreaterOrEqual(t, took, 4*time.Second, "the upstream client waits out the request's timeout (the bug patch 7 fixes)")
 	}
 }
+
+// TestFirstConcurrentSendsFindTheRoute is patch 9's regression test
+// (third_party/rocketmq-client-go/PATCHES.md): the first sends of a fresh
+// producer to a fresh topic, many at once, with the raw client (no rmqtx
+// seam in between). The upstream client hands a topic's queues to its
+// producers before it records the addresses of the topic's brokers, so a
+// send that sees the queues in that moment finds no address and fails with
+// "topic=... route info not found" (measured in PATCHES.md); patched, every
+// send must succeed.
+func TestFirstConcurrentSendsFindTheRoute(t *testing.T) {
+	t.Parallel()
+	s := testenv.Integration(t)
+	const rounds, senders, stagger = 40, 32, 10 * time.Microsecond
+	for r := 0; r < rounds; r++ {
+		topic := fmt.Sprintf("%s_%d", testenv.Name(t, "topic"), r)
+		testenv.CreateTopic(t, topic, 1) // one queue: the race is per topic, and a queue holds a broker file open
+		group := fmt.Sprintf("%s-%d", testenv.Name(t, "pg"), r)
+		p, err := rocketmq.NewProducer(
+			producer.WithGroupName(group),
+			producer.WithInstanceName(group),
+			producer.WithNsResolver(s.NameServerResolver()),
+			producer.WithRetry(0),
+		)
+		require.NoError(t, err)
+		require.NoError(t, p.Start())
+		failed, first := testenv.StaggeredSends(senders, stagger, func(int) error {
+			_, err := p.SendSync(context.Background(), primitive.NewMessage(topic, []byte("x")))
+			return err
+		})
+		require.NoError(t, p.Shutdown())
+		require.Zero(t, failed, "round %d: %d of %d first sends failed, the first with: %v", r, failed, senders, first)
+	}
+}

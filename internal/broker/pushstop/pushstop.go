@@ -55,11 +55,18 @@
 // comes after every request of the client's that the broker answers in
 // turn.
 //
+// A queue taken away by a rebalance and given back just before Stop, before
+// its first new pull, holds the offset the client read from the broker,
+// which may lie below the outcomes this consumer recorded in its earlier
+// tenure; being suspended, the client pulls nothing that would move it.
+// When that is all Stop still waits for (nothing running, cached or on its
+// way) for reacquiredAfter, Stop stops waiting for those queues and counts
+// them (Reacquired): their messages above that offset are delivered again
+// to the queue's next owner (duplicates, never a loss).
+//
 // Limits: the wait ends with ctx. Shutdown then shuts the client down anyway
 // and returns ctx's error, so a context too short for the handlers in flight
-// gives up the guarantee. A queue taken away by a rebalance and given back
-// just before Stop, before its first new pull, can hold the wait until ctx
-// ends. The client's queue table is read through reflection on an exported
+// gives up the guarantee. The client's queue table is read through reflection on an exported
 // method (see queueTable); if its shape changes, Stop proves deliveries only.
 //
 // Use one Gate per push consumer, for concurrent (not orderly) consumption:
@@ -93,6 +100,13 @@ type ConsumeFunc = func(context.Context, ...*primitive.MessageExt) (consumer.Con
 // pollEvery is how often Stop re-reads the client's state while it waits.
 const pollEvery = 5 * time.Millisecond
 
+// reacquiredAfter is how long Stop waits on queues whose offset lags their
+// recorded outcomes while nothing else is outstanding before it takes them
+// for queues given back by a rebalance (see the package doc). The client
+// moves a queue's offset right after it empties the queue's cache, so a lag
+// that outlasts it with nothing cached has no outcome left to record.
+const reacquiredAfter = time.Second
+
 // reqUpdateConsumerOffset is the broker's UPDATE_CONSUMER_OFFSET request.
 const reqUpdateConsumerOffset = 15
 
@@ -117,6 +131,9 @@ type Gate struct {
 	returned  map[primitive.MessageQueue]int64
 	running   int   // wrapped callbacks in progress
 	discarded int64 // messages of pull results dropped after the gate closed
+	// reacquired counts the queues Stop stopped waiting for as given back
+	// by a rebalance (see the package doc).
+	reacquired int64
 	// settled is the queue table Stop found settled (nil before): the
 	// offsets Shutdown writes again once the client is shut down.
 	settled map[primitive.MessageQueue]queueInfo
@@ -231,6 +248,15 @@ func (g *Gate) Discarded() int64 {
 	return g.discarded
 }
 
+// Reacquired returns how many queues Stop stopped waiting for as given
+// back by a rebalance just before it (see the package doc): their messages
+// above the offset the client held are delivered again.
+func (g *Gate) Reacquired() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reacquired
+}
+
 // Shutdown is Stop, then pc.Shutdown, then the offsets Stop wrote are
 // written again: a pull the client built before Stop can carry an older
 // offset to the broker after Stop's write (see the package doc), and after
@@ -268,8 +294,21 @@ func (g *Gate) Stop(ctx context.Context, pc rocketmq.PushConsumer) error {
 	g.mu.Unlock()
 	t := time.NewTicker(pollEvery)
 	defer t.Stop()
+	var lagSince time.Time // since when only lagging offsets are outstanding
 	for {
 		s, qs := g.state(pc)
+		switch {
+		case !s.onlyLagging():
+			lagSince = time.Time{}
+		case lagSince.IsZero():
+			lagSince = time.Now()
+		case time.Since(lagSince) >= reacquiredAfter:
+			g.mu.Lock()
+			g.reacquired += int64(len(g.returned))
+			clear(g.returned)
+			g.mu.Unlock()
+			continue
+		}
 		if s.settled() {
 			g.mu.Lock()
 			g.settled = qs
@@ -336,6 +375,12 @@ type outstanding struct {
 
 func (o outstanding) settled() bool {
 	return o.batches == 0 && o.running == 0 && o.cached == 0 && o.unrecorded == 0
+}
+
+// onlyLagging: all Stop waits for is queues whose offset lags their
+// recorded outcomes (the queue table could be read).
+func (o outstanding) onlyLagging() bool {
+	return o.known && o.unrecorded > 0 && o.batches == 0 && o.running == 0 && o.cached == 0
 }
 
 func (o outstanding) String() string {

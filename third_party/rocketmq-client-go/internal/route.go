@@ -164,6 +164,15 @@ func (s *namesrvs) UpdateTopicRouteInfoWithDefault(topic string, defaultTopic st
 	}
 
 	if changed {
+		// rmqtx patch 9: record the route and its brokers' addresses
+		// before the producers and consumers get the topic's queues. They
+		// were recorded after, so a send that found the new queues in that
+		// moment found no address for their broker and failed with
+		// "topic=... route info not found", without a retry.
+		s.routeDataMap.Store(topic, routeData)
+		for _, brokerData := range routeData.BrokerDataList {
+			s.brokerAddressesMap.Store(brokerData.BrokerName, brokerData)
+		}
 		if s.bundleClient != nil {
 			s.bundleClient.producerMap.Range(func(key, value interface{}) bool {
 				p := value.(InnerProducer)
@@ -193,15 +202,11 @@ func (s *namesrvs) UpdateTopicRouteInfoWithDefault(topic string, defaultTopic st
 			rlog.Info("change the route for clients", nil)
 		}
 
-		s.routeDataMap.Store(topic, routeData)
 		rlog.Info("the topic route info changed", map[string]interface{}{
 			rlog.LogKeyTopic:            topic,
 			rlog.LogKeyValueChangedFrom: oldRouteData,
 			rlog.LogKeyValueChangedTo:   routeData.String(),
 		})
-		for _, brokerData := range routeData.BrokerDataList {
-			s.brokerAddressesMap.Store(brokerData.BrokerName, brokerData)
-		}
 	}
 
 	return routeData.clone(), changed, nil

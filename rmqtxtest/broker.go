@@ -100,6 +100,7 @@ type Broker struct {
 	dupNext    []string
 	unknownLog map[int]bool
 	oneway     map[int]int // requests marked one-way, by request code (a client patch's test reads it)
+	requests   map[int]int // every request, by request code (the keyed Send's test reads it)
 }
 
 // delivery is a frame for a connection, written after the state lock is
@@ -302,14 +303,15 @@ func (b *Broker) serve(c *conn) {
 		if cmd.response() {
 			continue // the clients answer nothing the broker waits for
 		}
-		if cmd.oneway() {
-			b.lock()
-			if b.oneway == nil {
-				b.oneway = map[int]int{}
-			}
-			b.oneway[cmd.Code]++
-			b.unlock()
+		b.lock()
+		if b.requests == nil {
+			b.requests, b.oneway = map[int]int{}, map[int]int{}
 		}
+		b.requests[cmd.Code]++
+		if cmd.oneway() {
+			b.oneway[cmd.Code]++
+		}
+		b.unlock()
 		var resp *command
 		if c.ns {
 			resp = b.handleNameServer(c, cmd)

@@ -212,8 +212,8 @@ func TestHandlerAppliesEachEventOnceAndInOrder(t *testing.T) {
 // between COMMIT and the end) leaves its half pending; the broker's check
 // (CheckNow) is answered from the txlog row the local transaction wrote:
 // COMMIT for a committed Send, whose event then reaches the topic, ROLLBACK
-// for a rolled-back one, which never does. A keyed Send's commit is lost
-// only with both of its END_TRANSACTIONs.
+// for a rolled-back one, which never does. A keyed Send sends one
+// END_TRANSACTION too (its own, as a request).
 func TestHandlerCheckDecidesLostEndTransaction(t *testing.T) {
 	t.Parallel()
 	testenv.Integration(t)
@@ -226,8 +226,8 @@ func TestHandlerCheckDecidesLostEndTransaction(t *testing.T) {
 		const topic = "accounts"
 		p := rmqtxtest.NewProducer(t, b, txproducer.Config{DB: db})
 		// No aggregate and no business key: the client ends the transaction
-		// with its one END_TRANSACTION (a keyed Send ends a commit itself,
-		// with a second one; see txproducer's endsync.go).
+		// with its one-way END_TRANSACTION (a keyed Send ends it itself,
+		// with a request; see txproducer's endsync.go).
 		send := func(fn txproducer.LocalTxFunc) (txproducer.Result, error) {
 			return p.Send(ctx, txproducer.Message{Topic: topic, EventType: "AccountCredited",
 				Payload: []byte(`{"account":"acc-C","amount":5}`)}, fn)
@@ -272,11 +272,12 @@ func TestHandlerCheckDecidesLostEndTransaction(t *testing.T) {
 		require.Contains(t, halfIDs(b.RolledBack()), rolledBack.MsgID, "the check rolled the half back")
 		require.Len(t, b.Messages(topic), 1, "only the committed event reached the topic")
 
-		// A keyed Send (an aggregate) sends two END_TRANSACTIONs: the
-		// client's one-way UNKNOWN, then rmqtx's COMMIT as a request it
-		// waits for (KitSendTimeout), to keep the aggregate's order. Losing
-		// both leaves the half to the check, as for a keyless Send.
-		b.LoseEndTransaction(2)
+		// A keyed Send (an aggregate) ends its commit itself, with one
+		// END_TRANSACTION sent as a request it waits for (KitSendTimeout),
+		// to keep the aggregate's order; the client sends none of its own.
+		// Losing that one leaves the half to the check, as for a keyless
+		// Send.
+		b.LoseEndTransaction(1)
 		keyed, err := p.Send(ctx, txproducer.Message{Topic: topic, EventType: "AccountCredited",
 			AggregateType: "Account", AggregateID: "acc-C", AggregateVersion: 1,
 			Payload: []byte(`{"account":"acc-C","amount":6}`)}, func(context.Context, *sqlx.Tx) error { return nil })

@@ -2,6 +2,7 @@ package rmqtxtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/rmqtx/rmqtx/internal/rmqname"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
+	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/txproducer"
 )
 
@@ -255,4 +257,71 @@ func (r *kitRecorder) cleanup() {
 	for i := len(r.cleanups) - 1; i >= 0; i-- {
 		r.cleanups[i]()
 	}
+}
+
+// A keyed Send (here a business key) ends its transaction itself, with one
+// END_TRANSACTION that the broker answers (txproducer's endsync.go), commit
+// or rollback: the client sends none of its own. Its SendMessageInTransaction
+// would end the half one-way as well, with UNKNOWN after a commit, which the
+// real broker ignores but logs at WARN for every Send. A keyless Send keeps
+// the client's one end, one-way in the patched build (client patch 8).
+func TestKeyedSendEndsItsTransactionOnce(t *testing.T) {
+	t.Parallel()
+	testenv.Integration(t)
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, schema.MigrateAll(ctx, db, ""))
+		b := NewBroker(t)
+		p := NewProducer(t, b, txproducer.Config{DB: db})
+		const topic = "orders"
+		ends := func() (all, oneway int) {
+			b.lock()
+			defer b.unlock()
+			return b.requests[reqEndTransaction], b.oneway[reqEndTransaction]
+		}
+		msg := func(key string) txproducer.Message {
+			return txproducer.Message{Topic: topic, EventType: "OrderPlaced", BusinessKey: key,
+				Payload: []byte(`{"order":"` + key + `"}`)}
+		}
+		nop := func(context.Context, *sqlx.Tx) error { return nil }
+		// Start's warm-up probes are ended by the client, one-way: wait
+		// until the broker has applied those ends before counting.
+		testenv.Eventually(t, 10*time.Second, "the warm-up probes ended", func() bool { return len(b.Pending()) == 0 })
+		all0, oneway0 := ends()
+
+		res, err := p.Send(ctx, msg("k-commit"), nop)
+		require.NoError(t, err)
+		require.Equal(t, txproducer.StateCommitted, res.State)
+		require.Len(t, b.Messages(topic), 1, "a keyed Send returns once its event is stored")
+		all, oneway := ends()
+		require.Equal(t, all0+1, all, "one END_TRANSACTION for a keyed commit")
+		require.Equal(t, oneway0, oneway, "answered, not one-way")
+
+		refused := errors.New("refused")
+		res, err = p.Send(ctx, msg("k-rollback"), func(context.Context, *sqlx.Tx) error { return refused })
+		require.ErrorIs(t, err, refused)
+		require.Equal(t, txproducer.StateRolledBack, res.State)
+		var rolled []string
+		for _, h := range b.RolledBack() {
+			rolled = append(rolled, h.MsgID)
+		}
+		require.Contains(t, rolled, res.MsgID, "the keyed rollback was ended before Send returned")
+		all, oneway = ends()
+		require.Equal(t, all0+2, all, "one END_TRANSACTION for a keyed rollback")
+		require.Equal(t, oneway0, oneway)
+		require.Empty(t, b.Pending())
+
+		res, err = p.Send(ctx, msg(""), nop)
+		require.NoError(t, err)
+		require.Equal(t, txproducer.StateCommitted, res.State)
+		_, err = b.WaitMessages(ctx, topic, 2)
+		require.NoError(t, err, "the keyless Send's one-way end arrived")
+		all, oneway = ends()
+		require.Equal(t, all0+3, all, "the client's one END_TRANSACTION for a keyless Send")
+		if testenv.PatchedClient() {
+			require.Equal(t, oneway0+1, oneway, "marked one-way by client patch 8")
+		}
+	})
 }

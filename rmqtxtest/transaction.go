@@ -94,8 +94,11 @@ func (b *Broker) RolledBack() []Half { return b.halvesIn(halfRolledBack) }
 
 // LoseEndTransaction drops the next n END_TRANSACTION requests unanswered
 // and unapplied: their halves stay pending, as when the one-way end of a
-// producer never reached the broker. A dropped answer to a check still
-// counts as the check's answer for CheckNow and Advance.
+// producer never reached the broker. Every Send of txproducer sends one:
+// the client's one-way end for a Send without a key, txproducer's answered
+// one for a Send with a business key or an aggregate (which then waits
+// KitSendTimeout for the answer). A dropped answer to a check still counts
+// as the check's answer for CheckNow and Advance.
 func (b *Broker) LoseEndTransaction(n int) {
 	b.lock()
 	defer b.unlock()

@@ -19,11 +19,14 @@ import (
 // aggregate's one queue. For a Send with a routing key (an aggregate or a
 // business key, see wire.RoutingKey) rmqtx therefore ends a committed
 // transaction itself, with a request the broker answers once it has stored
-// the event, and only then returns. The client is told UNKNOWN, so the
-// END_TRANSACTION it sends anyway is a no-op to the broker (which logs it at
-// WARN in its own log: "end transaction in sending message, and it's
-// pending status"). A Send without a routing key has no order to keep and
-// keeps the client's one-way end.
+// the event, and only then returns. The half is sent with the seam's
+// SendHalf, which leaves the end to rmqtx (sendInTransaction in
+// producer.go): the client's SendMessageInTransaction would end it as well,
+// one-way, and the broker ignores such an UNKNOWN end but logs a WARN line
+// per Send ("end transaction in sending message, and it's pending status").
+// A keyed Send that rolls back ends with a ROLLBACK request, one that
+// answers UNKNOWN sends no end (the check decides). A Send without a
+// routing key has no order to keep and keeps the client's one-way end.
 //
 // The request is never repeated: a second COMMIT would store the event a
 // second time. When it fails, the outcome is the same as a lost one-way
@@ -55,6 +58,17 @@ var errEndRefused = errors.New("txproducer: broker refused END_TRANSACTION")
 // commit ends the transaction of sr (a half of topic) with COMMIT and waits
 // for the broker's answer.
 func (e *ender) commit(topic string, sr *broker.TransactionSendResult) error {
+	return e.end(topic, sr, broker.TransactionCommitType)
+}
+
+// rollback ends the transaction of sr with ROLLBACK and waits for the
+// broker's answer. Unlike a second COMMIT, a second ROLLBACK stores
+// nothing; it is still sent once, as the client's own end would be.
+func (e *ender) rollback(topic string, sr *broker.TransactionSendResult) error {
+	return e.end(topic, sr, broker.TransactionRollbackType)
+}
+
+func (e *ender) end(topic string, sr *broker.TransactionSendResult, kind int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
 	if sr == nil || sr.SendResult == nil || sr.MessageQueue == nil {
@@ -76,7 +90,7 @@ func (e *ender) commit(topic string, sr *broker.TransactionSendResult) error {
 		"producerGroup":        e.group,
 		"tranStateTableOffset": strconv.FormatInt(sr.QueueOffset, 10),
 		"commitLogOffset":      strconv.FormatInt(mid.Offset, 10),
-		"commitOrRollback":     strconv.Itoa(broker.TransactionCommitType),
+		"commitOrRollback":     strconv.Itoa(kind),
 		"fromTransactionCheck": "false",
 		"msgId":                sr.MsgID,
 		"transactionId":        sr.TransactionID,

@@ -296,7 +296,7 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	defer p.calls.Delete(rm)
 
 	_, c.halfSp = p.tr.Start(ctx, otelx.SpanHalfSend, trace.SpanKindClient, otelx.Attrs{})
-	sr, err := tp.SendMessageInTransaction(ctx, rm)
+	sr, err := p.sendInTransaction(ctx, tp, rm, c)
 	endHalf(c.halfSp, sr, err) // ended already if the local transaction ran
 	failpoint.Inject(failpoint.AfterEndTransaction)
 	if err != nil {
@@ -323,6 +323,51 @@ func (p *Producer) send(ctx context.Context, msg Message, fn LocalTxFunc) (Resul
 	res.State, res.Duplicate = c.state, c.dup
 	p.count(msg.EventType, c)
 	return res, c.err
+}
+
+// sendInTransaction sends rm's half, runs the local transaction once the
+// broker stored it, and ends the transaction. A Send without a routing key
+// leaves all three to the client's SendMessageInTransaction, which ends the
+// transaction one-way. A keyed Send ends it itself (endsync.go): it sends
+// the half with the seam's SendHalf, which does not end it, runs the same
+// listener the client would, and then ends a ROLLBACK here and a COMMIT in
+// send, each with a request the broker answers, and an UNKNOWN not at all
+// (the check decides from the txlog). So the broker gets one END_TRANSACTION
+// per keyed Send, not also the client's UNKNOWN one, which it ignores but
+// logs at WARN per Send. On a client whose layout the seam does not know
+// (broker.ErrNoHalfSend, nothing sent) the client's path is taken.
+func (p *Producer) sendInTransaction(ctx context.Context, tp broker.TxProducer, rm *broker.Message, c *call) (*broker.TransactionSendResult, error) {
+	if !c.keyed {
+		return tp.SendMessageInTransaction(ctx, rm)
+	}
+	res, err := tp.SendHalf(ctx, rm)
+	if errors.Is(err, broker.ErrNoHalfSend) {
+		return tp.SendMessageInTransaction(ctx, rm)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st := broker.UnknownState
+	switch res.Status {
+	case broker.SendOK:
+		st = (&listener{p: p}).ExecuteLocalTransaction(rm)
+	case broker.SendFlushDiskTimeout, broker.SendFlushSlaveTimeout, broker.SendSlaveNotAvailable:
+		// What the client answers for these statuses (see notRun).
+		st = broker.RollbackMessageState
+	}
+	sr := &broker.TransactionSendResult{SendResult: res, State: st}
+	switch st {
+	case broker.CommitMessageState:
+		// The listener answers UNKNOWN for a keyed commit and has send end
+		// it; a COMMIT from it is ended the same way.
+		c.syncEnd = true
+	case broker.RollbackMessageState:
+		if err := p.ender.rollback(rm.Topic, sr); err != nil {
+			p.cfg.Logger.WithField("event_id", c.row.EventID).WithError(err).
+				Warn("txproducer: could not end a rolled-back transaction; the broker's check will")
+		}
+	}
+	return sr, nil
 }
 
 // notRun is the error of a Send whose half the broker stored but whose

@@ -107,6 +107,27 @@ func TestSettleRouteFindsTheClient(t *testing.T) {
 	require.False(t, settleRoute(&struct{ client int }{}, "t"), "an unknown layout: nothing done")
 }
 
+// SendHalf reaches the client's inner producer on the pinned layout; an
+// unknown layout sends nothing and says so (rmqtx then takes the client's
+// SendMessageInTransaction).
+func TestSendHalfFindsTheProducer(t *testing.T) {
+	tp, err := NewTxProducer(TxProducerConfig{NameServers: []string{"127.0.0.1:1"}, Group: "half_tx", InstanceName: "half_tx",
+		SendTimeout: time.Second, Listener: nopListener{}})
+	require.NoError(t, err)
+	require.NotNil(t, tp.(txProducer).half, "the pinned client's layout: SendHalf can send")
+
+	s, ok := halfSender(struct{}{})
+	require.False(t, ok)
+	require.Nil(t, s)
+	_, ok = halfSender(&struct{ producer *int }{})
+	require.False(t, ok, "a producer field that cannot send")
+	unknown := txProducer{group: "half_tx"}
+	m := NewMessage("t", []byte("x"))
+	_, err = unknown.SendHalf(context.Background(), m)
+	require.ErrorIs(t, err, ErrNoHalfSend)
+	require.Empty(t, m.GetProperty(PropTransactionPrepared), "nothing set on a message that was not sent")
+}
+
 type nopListener struct{}
 
 func (nopListener) ExecuteLocalTransaction(*Message) LocalTransactionState {

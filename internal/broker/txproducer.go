@@ -61,6 +61,12 @@ type TxProducer interface {
 	// listener's local transaction once it is stored, and ends it with
 	// the answer (one-way).
 	SendMessageInTransaction(ctx context.Context, m *Message) (*TransactionSendResult, error)
+	// SendHalf sends m as a half message of this producer's group, as
+	// SendMessageInTransaction does, and returns the broker's answer
+	// without running the listener or ending the transaction: the caller
+	// ends it (halfsend.go). ErrNoHalfSend: the client's layout differs
+	// and nothing was sent.
+	SendHalf(ctx context.Context, m *Message) (*SendResult, error)
 	// CanHeartbeat reports whether Heartbeat and RefreshRoutes can reach
 	// the client (false on a client whose layout the seam does not know).
 	CanHeartbeat() bool
@@ -101,13 +107,16 @@ func NewTxProducer(cfg TxProducerConfig) (TxProducer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return txProducer{TransactionProducer: tp, group: cfg.Group}, nil
+	t := txProducer{TransactionProducer: tp, group: cfg.Group}
+	t.half, _ = halfSender(tp)
+	return t, nil
 }
 
 // txProducer is the client's TransactionProducer with the calls it lacks.
 type txProducer struct {
 	rocketmq.TransactionProducer
 	group string
+	half  syncSender // the client's inner producer (halfsend.go); nil: layout differs
 }
 
 // SendMessageInTransaction sends m's half; a send that met the client's
@@ -119,6 +128,18 @@ func (t txProducer) SendMessageInTransaction(ctx context.Context, m *Message) (*
 	return sendSettled(ctx, settle, m.Topic, func() (*TransactionSendResult, error) {
 		return t.TransactionProducer.SendMessageInTransaction(ctx, m)
 	})
+}
+
+// SendHalf: see TxProducer and halfsend.go. The route race is waited out
+// as for SendMessageInTransaction.
+func (t txProducer) SendHalf(ctx context.Context, m *Message) (*SendResult, error) {
+	if t.half == nil {
+		return nil, ErrNoHalfSend
+	}
+	m.WithProperty(PropTransactionPrepared, "true")
+	m.WithProperty(PropProducerGroup, t.group)
+	settle := func(topic string) bool { return settleRoute(t.TransactionProducer, topic) }
+	return sendSettled(ctx, settle, m.Topic, func() (*SendResult, error) { return t.half.SendSync(ctx, m) })
 }
 
 func (t txProducer) CanHeartbeat() bool  { return internalClient(t.TransactionProducer) != nil }

@@ -84,5 +84,8 @@ func NewMessage(topic string, body []byte) *Message { return primitive.NewMessag
 // NewUniqID returns a new client message id (UNIQ_KEY), as the client makes them.
 func NewUniqID() string { return primitive.CreateUniqID() }
 
-// TransactionCommitType is END_TRANSACTION's commitOrRollback for COMMIT.
-var TransactionCommitType = primitive.TransactionCommitType
+// END_TRANSACTION's commitOrRollback for COMMIT and ROLLBACK.
+var (
+	TransactionCommitType   = primitive.TransactionCommitType
+	TransactionRollbackType = primitive.TransactionRollbackType
+)

@@ -9,8 +9,10 @@
 // runs the closure with the transaction, and commits. An error or a panic in
 // the closure rolls back, persists a ROLLED_BACK row, and answers ROLLBACK.
 //
-// The end-transaction call is one-way and can be lost, so the broker's
-// check-back is the real guarantee: every instance answers checks from the
+// The end-transaction call can be lost (the client's is one-way; a Send with
+// a business key or an aggregate ends its own transaction with a request
+// the broker answers, to keep the order per key: endsync.go), so the
+// broker's check-back is the real guarantee: every instance answers checks from the
 // txlog through package checkback (found: its state; missing and young:
 // UNKNOWN; missing and older than FenceAge: fence, then what the row says).
 // A half message the broker gives up on is recovered from

@@ -150,6 +150,13 @@ type TestHooks struct {
 	// transaction's, which gets LocalTxTimeout's deadline only once the
 	// half is stored.
 	BeforeLocalTx func(ctx context.Context, eventID string)
+	// HalfStored runs once the client has the broker's answer that the
+	// half is stored, before the local transaction's clock starts; the
+	// local transaction's COMMIT waits for it. A half can be visible on the
+	// broker before then (the answer is still on its way), so a test that
+	// stops the broker right after finding a half there uses this to know
+	// the Send has it.
+	HalfStored func(eventID string)
 	// LoseEnd, when it returns true for a Send's event id, makes the
 	// producer end that Send's half with UNKNOWN whatever its local
 	// outcome (which is persisted as usual): to the broker this is an

@@ -450,6 +450,9 @@ func (p *Producer) existing(c *call, row txlog.Row) {
 // a ROLLED_BACK row is persisted, or the row is another half's; otherwise
 // UNKNOWN and the check decides).
 func (p *Producer) runLocal(c *call, half string) broker.LocalTransactionState {
+	if h := p.cfg.Test.HalfStored; h != nil {
+		h(c.row.EventID)
+	}
 	// The half is stored: from now on the local transaction has
 	// LocalTxTimeout, however long the broker took (see send).
 	deadline := time.Now().Add(p.cfg.LocalTxTimeout)

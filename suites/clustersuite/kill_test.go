@@ -92,8 +92,31 @@ func brokerKilledUnderLoad(t *testing.T, b *bed, r *testbed.Rendezvous, sinks *s
 	// transaction until release is closed.
 	release := make(chan struct{})
 	located := make(chan string, 64) // broker address per held or passed half
+	// A half is visible on its broker a moment before the client has the
+	// broker's answer: a kill in between fails the Send itself (ErrSend; the
+	// half is left to the check, which rolls it back), which is not the
+	// held commit this test is about. So a Send's half is located only once
+	// the client has the answer (HalfStored), and the held Send waits, before
+	// its BEGIN, for the release.
+	var storedMu sync.Mutex
+	stored := map[string]chan struct{}{}
+	storedCh := func(id string) chan struct{} {
+		storedMu.Lock()
+		defer storedMu.Unlock()
+		if stored[id] == nil {
+			stored[id] = make(chan struct{})
+		}
+		return stored[id]
+	}
 	p3 := b.StartProducer(t, "p3", func(c *txproducer.Config) {
-		c.Test.BeforeLocalTx = func(_ context.Context, id string) {
+		c.Test.HalfStored = func(id string) { close(storedCh(id)) }
+		c.Test.BeforeLocalTx = func(ctx context.Context, id string) {
+			select {
+			case <-storedCh(id):
+			case <-ctx.Done(): // the Send ended without a stored half
+				located <- ""
+				return
+			}
 			where := halfLocation(id)
 			located <- where
 			if where == suite.BrokerB {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"reflect"
-	"unsafe"
 )
 
 // The client's SendMessageInTransaction always ends the transaction itself,
@@ -46,15 +45,10 @@ func halfSender(tp any) (s syncSender, ok bool) {
 			s, ok = nil, false
 		}
 	}()
-	v := reflect.ValueOf(tp)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil, false
-	}
-	inner := v.Elem().FieldByName("producer")
+	inner := field(reflect.ValueOf(tp), "producer")
 	if !inner.IsValid() || inner.Kind() != reflect.Pointer || inner.IsNil() {
 		return nil, false
 	}
-	p := reflect.NewAt(inner.Type(), unsafe.Pointer(inner.UnsafeAddr())).Elem().Interface()
-	s, ok = p.(syncSender)
+	s, ok = inner.Interface().(syncSender)
 	return s, ok
 }

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/apache/rocketmq-client-go/v2"
 	"github.com/apache/rocketmq-client-go/v2/consumer"
@@ -253,19 +252,11 @@ func pushClient(pc rocketmq.PushConsumer) (client any) {
 			client = nil
 		}
 	}()
-	v := reflect.ValueOf(pc)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil
-	}
-	dc := v.Elem().FieldByName("defaultConsumer")
-	if !dc.IsValid() || dc.Kind() != reflect.Pointer || dc.IsNil() {
-		return nil
-	}
-	f := dc.Elem().FieldByName("client")
+	f := field(field(reflect.ValueOf(pc), "defaultConsumer"), "client")
 	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
 		return nil
 	}
-	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface()
+	return f.Interface()
 }
 
 // RetryTopic is group's retry topic, %RETRY%<group>: where the broker puts

@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"strings"
-	"unsafe"
 )
 
 // The client's route race (upstream; client patch 9 in
@@ -100,18 +99,12 @@ func clientOf(producer any) (client any) {
 		}
 	}()
 	v := reflect.ValueOf(producer)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil
+	if inner := field(v, "producer"); inner.IsValid() {
+		v = inner // a transactional producer: its defaultProducer
 	}
-	if inner := v.Elem().FieldByName("producer"); inner.IsValid() {
-		if inner.Kind() != reflect.Pointer || inner.IsNil() {
-			return nil
-		}
-		v = inner
-	}
-	c := v.Elem().FieldByName("client")
+	c := field(v, "client")
 	if !c.IsValid() || c.Kind() != reflect.Interface || c.IsNil() {
 		return nil
 	}
-	return reflect.NewAt(c.Type(), unsafe.Pointer(c.UnsafeAddr())).Elem().Interface()
+	return c.Interface()
 }

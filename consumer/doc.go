@@ -10,7 +10,10 @@
 //	BEGIN
 //	INSERT consume_log (group, event id, payload hash)  -- first, one statement
 //	  on a duplicate key the existing row is locked and the same statement
-//	  says whether its hash is ours (no error, no second query)
+//	  says whether its hash is ours (no error, no second query); on
+//	  PostgreSQL the insert skips the existing row instead (cheaper for the
+//	  new keys that are nearly all of them) and a locking read of its hash
+//	  follows
 //	  duplicate key, same hash      -> ROLLBACK, dedup hit: ACK, handler not run
 //	  duplicate key, other hash     -> ROLLBACK, conflict: parked with both hashes, ACK
 //	aggregate-version guard (strict: only last+1; monotonic: only newer)

@@ -105,6 +105,7 @@ type Processor struct {
 
 type queries struct {
 	insertLog, selectLogHash, markStale, setResultRef                string
+	insertLogNew                                                     string // set when the dialect records new keys with InsertNew
 	preRead                                                          []string
 	selectAttemptIDs                                                 string
 	selectVersion, lockVersion, updateVersion                        string
@@ -144,6 +145,9 @@ func newQueries(d dialect.Dialect, t tables) queries {
 			"?, ?, ?, ?, '"+StatusApplied+"', ?, "+now+", "+now, "consumer_group, event_id",
 			"retry_count = retry_count + 1",
 			"CASE WHEN request_hash = ? THEN "+strconv.FormatInt(dupSameHash, 10)+" ELSE "+strconv.FormatInt(dupOtherHash, 10)+" END"),
+		// Where the dialect prefers it (PostgreSQL), a new key is recorded
+		// with a plain insert that skips an existing row; only a duplicate
+		// then costs the locking read of its hash (selectLogHash).
 		// Read inside the dedup transaction, which holds the row's lock: a
 		// locking read returns the committed row whatever the isolation level.
 		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ? " + d.SharedLock(),
@@ -167,11 +171,15 @@ func newQueries(d dialect.Dialect, t tables) queries {
 			"?, ?, 1, ?, ?, "+now+", "+now, "consumer_group, event_id",
 			"last_class = "+d.Excluded("last_class")+", last_error = "+d.Excluded("last_error")+", updated_at = "+now),
 	}
+	if d.NewKeysByInsertNew() {
+		q.insertLogNew = d.InsertNew(t.log, "consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at",
+			"?, ?, ?, ?, '"+StatusApplied+"', ?, "+now+", "+now, "consumer_group, event_id")
+	}
 	q.readWindow, q.writeWindow = windowSQL(d, t.window) // rebound there
 	for _, iso := range d.IsolationExprs() {
 		q.preRead = append(q.preRead, "SELECT request_hash AS h, "+iso+" AS iso FROM "+t.log+" WHERE consumer_group = ? AND event_id = ?")
 	}
-	for _, s := range []*string{&q.insertLog, &q.selectLogHash, &q.markStale, &q.setResultRef, &q.selectAttemptIDs,
+	for _, s := range []*string{&q.insertLog, &q.insertLogNew, &q.selectLogHash, &q.markStale, &q.setResultRef, &q.selectAttemptIDs,
 		&q.selectVersion, &q.lockVersion, &q.updateVersion, &q.upsertAttempt, &q.selectAttempt, &q.deleteAttempt, &q.upsertDeadLetterSQL,
 		&q.countAttempt, &q.recordCounted} {
 		*s = d.Rebind(*s)

@@ -249,8 +249,14 @@ func failed(c Class, err error) decision { return decision{state: evFailed, clas
 // lock until this transaction ends. On a duplicate key the statement locks
 // the existing (committed) row and says whether its hash is ours; only
 // another hash costs one more statement, a locking read of the stored one.
+// Where the dialect records new keys with InsertNew (PostgreSQL), the
+// insert skips an existing row instead, after waiting for the transaction
+// that wrote it, and a duplicate costs that locking read.
 // An error is the transaction's (the caller fails the event or the batch).
 func (p *Processor) dedupStep(ctx context.Context, tx *sqlx.Tx, ev Event) (decision, error) {
+	if p.q.insertLogNew != "" {
+		return p.dedupStepNew(ctx, tx, ev)
+	}
 	inserted, v, err := p.d.ExecReturning(ctx, cached{p.stmts, tx}, p.q.insertLog,
 		p.cfg.Group, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes, ev.PayloadHash)
 	if err != nil {
@@ -262,6 +268,25 @@ func (p *Processor) dedupStep(ctx context.Context, tx *sqlx.Tx, ev Event) (decis
 	case v == dupSameHash:
 		d = decision{state: evDuplicate, existing: ev.PayloadHash}
 	default:
+		d.state = evDuplicate
+		if err := p.stmts.TxGet(ctx, tx, &d.existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
+			return decision{}, fmt.Errorf("consumer: read consume log: %w", err)
+		}
+	}
+	p.dups.record(!inserted)
+	return d, nil
+}
+
+// dedupStepNew is dedupStep with InsertNew: one Exec for a new key, and
+// the locking read of the stored hash for a duplicate.
+func (p *Processor) dedupStepNew(ctx context.Context, tx *sqlx.Tx, ev Event) (decision, error) {
+	inserted, err := p.d.ExecInsertNew(ctx, cached{p.stmts, tx}, p.q.insertLogNew,
+		p.cfg.Group, ev.ID, ev.Type, ev.PayloadHash, ev.Delivery.ReconsumeTimes)
+	if err != nil {
+		return decision{}, fmt.Errorf("consumer: insert consume log: %w", err)
+	}
+	d := decision{state: evNew}
+	if !inserted {
 		d.state = evDuplicate
 		if err := p.stmts.TxGet(ctx, tx, &d.existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
 			return decision{}, fmt.Errorf("consumer: read consume log: %w", err)

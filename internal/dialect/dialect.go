@@ -180,6 +180,17 @@ type Dialect interface {
 	// whether it inserted the row (false: the key exists). Any other error
 	// is returned as it is.
 	ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (inserted bool, err error)
+	// NewKeysByInsertNew reports whether a writer whose keys are nearly
+	// always new (the consumer's dedup row) should record them with
+	// InsertNew and read the existing row only after a conflict, rather
+	// than with one UpsertReturning that also answers a conflict. MySQL:
+	// false (UpsertReturning is one Exec whose rows affected and insert id
+	// carry the answer, where InsertNew's duplicate-key error would cost an
+	// error and a read). PostgreSQL: true (ON CONFLICT DO UPDATE ...
+	// RETURNING costs the server about 10 µs more per new key than DO
+	// NOTHING, and the client a query instead of an Exec; measured by
+	// scripts/pg-dedup-cost.sh, BENCHMARKS.md).
+	NewKeysByInsertNew() bool
 
 	// LatestCommitted runs write, statements on db that must act on the
 	// latest committed version of a row another transaction commits while

@@ -313,6 +313,10 @@ func (d pgDialect) InsertNew(table, columns, values, conflict string) string {
 	return d.InsertIgnore(table, columns, values, conflict)
 }
 
+// NewKeysByInsertNew: DO NOTHING and an Exec cost less than DO UPDATE and
+// RETURNING on a new key (see Dialect).
+func (pgDialect) NewKeysByInsertNew() bool { return true }
+
 // ExecInsertNew reads zero affected rows as "not inserted".
 func (pgDialect) ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (bool, error) {
 	res, err := e.ExecContext(ctx, query, args...)

@@ -145,9 +145,6 @@ func newQueries(d dialect.Dialect, t tables) queries {
 			"?, ?, ?, ?, '"+StatusApplied+"', ?, "+now+", "+now, "consumer_group, event_id",
 			"retry_count = retry_count + 1",
 			"CASE WHEN request_hash = ? THEN "+strconv.FormatInt(dupSameHash, 10)+" ELSE "+strconv.FormatInt(dupOtherHash, 10)+" END"),
-		// Where the dialect prefers it (PostgreSQL), a new key is recorded
-		// with a plain insert that skips an existing row; only a duplicate
-		// then costs the locking read of its hash (selectLogHash).
 		// Read inside the dedup transaction, which holds the row's lock: a
 		// locking read returns the committed row whatever the isolation level.
 		selectLogHash: "SELECT request_hash FROM " + t.log + " WHERE consumer_group = ? AND event_id = ? " + d.SharedLock(),
@@ -171,6 +168,9 @@ func newQueries(d dialect.Dialect, t tables) queries {
 			"?, ?, 1, ?, ?, "+now+", "+now, "consumer_group, event_id",
 			"last_class = "+d.Excluded("last_class")+", last_error = "+d.Excluded("last_error")+", updated_at = "+now),
 	}
+	// Where the dialect prefers it (PostgreSQL), a new key is recorded with a
+	// plain insert that skips an existing row; only a duplicate then costs
+	// the locking read of its hash (selectLogHash).
 	if d.NewKeysByInsertNew() {
 		q.insertLogNew = d.InsertNew(t.log, "consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at",
 			"?, ?, ?, ?, '"+StatusApplied+"', ?, "+now+", "+now, "consumer_group, event_id")

@@ -187,8 +187,8 @@ type Dialect interface {
 	// false (UpsertReturning is one Exec whose rows affected and insert id
 	// carry the answer, where InsertNew's duplicate-key error would cost an
 	// error and a read). PostgreSQL: true (ON CONFLICT DO UPDATE ...
-	// RETURNING costs the server about 10 µs more per new key than DO
-	// NOTHING, and the client a query instead of an Exec; measured by
+	// RETURNING costs the server 5-9 µs more per new key than DO NOTHING,
+	// and the client a query instead of an Exec; measured by
 	// scripts/pg-dedup-cost.sh, BENCHMARKS.md).
 	NewKeysByInsertNew() bool
 

@@ -121,7 +121,8 @@ func (s *sequencer) register(mq broker.MessageQueue, msgs []*broker.MessageExt) 
 	}
 	now := time.Now()
 	for _, m := range msgs {
-		key := wire.PropertiesRoutingKey(m.GetProperties())
+		// Three lookups, not GetProperties, which copies the whole map.
+		key := wire.RoutingKey(m.GetProperty(wire.PropAggregateType), m.GetProperty(wire.PropAggregateID), m.GetProperty(wire.PropBusinessKey))
 		if key == "" {
 			continue
 		}

@@ -268,9 +268,8 @@ func (p *Processor) dedupStep(ctx context.Context, tx *sqlx.Tx, ev Event) (decis
 	case v == dupSameHash:
 		d = decision{state: evDuplicate, existing: ev.PayloadHash}
 	default:
-		d.state = evDuplicate
-		if err := p.stmts.TxGet(ctx, tx, &d.existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
-			return decision{}, fmt.Errorf("consumer: read consume log: %w", err)
+		if d, err = p.storedHash(ctx, tx, ev); err != nil {
+			return decision{}, err
 		}
 	}
 	p.dups.record(!inserted)
@@ -287,12 +286,21 @@ func (p *Processor) dedupStepNew(ctx context.Context, tx *sqlx.Tx, ev Event) (de
 	}
 	d := decision{state: evNew}
 	if !inserted {
-		d.state = evDuplicate
-		if err := p.stmts.TxGet(ctx, tx, &d.existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
-			return decision{}, fmt.Errorf("consumer: read consume log: %w", err)
+		if d, err = p.storedHash(ctx, tx, ev); err != nil {
+			return decision{}, err
 		}
 	}
 	p.dups.record(!inserted)
+	return d, nil
+}
+
+// storedHash is a duplicate's decision: the hash its committed dedup row
+// stores, read with the row's lock.
+func (p *Processor) storedHash(ctx context.Context, tx *sqlx.Tx, ev Event) (decision, error) {
+	d := decision{state: evDuplicate}
+	if err := p.stmts.TxGet(ctx, tx, &d.existing, p.q.selectLogHash, p.cfg.Group, ev.ID); err != nil {
+		return decision{}, fmt.Errorf("consumer: read consume log: %w", err)
+	}
 	return d, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -184,9 +186,25 @@ func testLocalTransactionLosesToFence(t *testing.T, db *sqlx.DB) {
 	require.Equal(t, row.ResolvedAt, row2.ResolvedAt)
 }
 
+// The store's statements, then the same again through a pool that sends
+// them as text with the values in them: go-sql-driver's interpolateParams,
+// pgx's simple protocol (what a transaction-pooling PgBouncer needs; on pgx
+// rmqtx's statements follow the pool's exec mode).
 func TestListCountMarkAndDelete(t *testing.T) {
 	t.Parallel()
-	testenv.EachDB(t, testListCountMarkAndDelete)
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		testListCountMarkAndDelete(t, db)
+		var text *sqlx.DB
+		if db.DriverName() == "mysql" {
+			text = testenv.MySQLVariant(t, db, func(c *mysql.Config) { c.InterpolateParams = true })
+		} else {
+			text = testenv.PGVariant(t, db, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
+		}
+		s := setupOn(t, db)
+		_, err := db.Exec("DELETE FROM " + s.Table())
+		require.NoError(t, err)
+		testListCountMarkAndDelete(t, text)
+	})
 }
 
 func testListCountMarkAndDelete(t *testing.T, db *sqlx.DB) {

@@ -21,9 +21,15 @@ type drain struct {
 	stop  func()
 }
 
-// drainCPU measures the CPU each drain costs per message (set by
-// runConsumer).
-var drainCPU cpuMeter
+// drainCPU measures the CPU each drain costs per message, and drainSplit,
+// with -cpu-split, profiles each measured drain (both set by runConsumer).
+var (
+	drainCPU   cpuMeter
+	drainSplit struct {
+		s *cpuSplitter
+		w *Workload
+	}
+)
 
 // measureDrain starts a consumer and measures how fast it processes want
 // messages: from the first processed message to the want-th, polled every
@@ -44,20 +50,26 @@ func measureDrain(ctx context.Context, e *Env, index int, want int64, start func
 		last   int64
 		cpu0   cpuSample
 	)
+	split := drainSplit.s
+	if index == 0 {
+		split = nil // a warm-up drain
+	}
 	err = waitFor(ctx, e.Opt.Timeout, 2*time.Millisecond, func() (bool, error) {
 		c := d.count()
 		if c > 0 && tFirst.IsZero() {
+			split.begin(drainSplit.w)
 			tFirst, c0, cpu0 = time.Now(), c, drainCPU.sample()
 		}
 		last = c
 		return c >= want, nil
 	})
 	tLast, cpu1 := time.Now(), drainCPU.sample()
+	r := Round{Index: index, Count: want, Seconds: tLast.Sub(tFirst).Seconds(),
+		Extra: map[string]float64{"wall_seconds": tLast.Sub(t0).Seconds(), "startup_seconds": tFirst.Sub(t0).Seconds()}}
+	split.finishOps(drainSplit.w, &r, last-c0)
 	if err != nil {
 		return Round{}, fmt.Errorf("drained %d of %d messages: %w", last, want, err)
 	}
-	r := Round{Index: index, Count: want, Seconds: tLast.Sub(tFirst).Seconds(),
-		Extra: map[string]float64{"wall_seconds": tLast.Sub(t0).Seconds(), "startup_seconds": tFirst.Sub(t0).Seconds()}}
 	cpu0.perMessage(cpu1, last-c0, r.Extra)
 	if r.Seconds > 0 && last > c0 {
 		r.Rate = float64(last-c0) / r.Seconds
@@ -92,6 +104,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	batchNC := &Side{Name: sideBatchNoCount, Unit: "msgs/s", Description: "the same as rmqtx batch mode with NoCrashCount"}
 	rawBatchDedup := &Side{Name: sideRawBatchDedup, Unit: "msgs/s", Description: fmt.Sprintf("the raw batch handler (up to %d messages at once) made idempotent by hand: BEGIN; per message INSERT IGNORE of the dedup row (group, event id) and the business INSERT unless it was there; COMMIT", consumer.DefaultBatchTxSize)}
 	w.Sides = []*Side{raw, rawDedup, first, firstNC, batch, batchNC, rawBatch, rawBatchDedup, cold, warm, noop}
+	drainSplit.s, drainSplit.w = newCPUSplitter(e, w), w // nil without -cpu-split
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
@@ -570,5 +583,6 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		w.Notes = append(w.Notes, fmt.Sprintf("dedup cache: %d warm duplicates missed the cache (DedupCacheSize %d, messages %d), %d cold duplicates hit it (redeliveries)",
 			warmMisses, consumer.DefaultDedupCacheSize, n, coldHits))
 	}
+	drainSplit.s.summarize(e, w)
 	return w
 }

@@ -14,9 +14,9 @@ import (
 )
 
 // The CPU split (-cpu-split, issue 35): where the CPU of one committed
-// Send goes. Each producer round is profiled on its own (runtime/pprof at
+// Send, or of one consumed message, goes. Each producer round is profiled on its own (runtime/pprof at
 // its default 100 Hz; the sides' rounds run one after another, so a
-// round's profile holds only that side's Sends, its background goroutines
+// round's profile holds only that side's work, its background goroutines
 // and the runtime), and every sample is charged to one part of the code by
 // the first frame, walking from the leaf up, that belongs to a known part:
 // a syscall made by the driver is the driver's, an allocation made by
@@ -155,9 +155,9 @@ type cpuSplitter struct {
 }
 
 // newCPUSplitter returns the splitter of w, or nil unless -cpu-split is on
-// and w is the producer workload.
+// and w is the producer or the consumer workload.
 func newCPUSplitter(e *Env, w *Workload) *cpuSplitter {
-	if !e.Opt.CPUSplit || w.Name != "producer" {
+	if !e.Opt.CPUSplit || (w.Name != "producer" && w.Name != "consumer") {
 		return nil
 	}
 	s := &cpuSplitter{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker)}
@@ -189,7 +189,12 @@ func (s *cpuSplitter) begin(w *Workload) {
 
 // finish stops the round's profile, right after its loop, and adds the
 // split per committed operation (r.Count) to r.Extra.
-func (s *cpuSplitter) finish(w *Workload, r *Round) {
+func (s *cpuSplitter) finish(w *Workload, r *Round) { s.finishOps(w, r, r.Count) }
+
+// finishOps is finish with the split per ops operations: a consumer
+// round's profile covers the messages processed between its first and its
+// last poll, not r.Count.
+func (s *cpuSplitter) finishOps(w *Workload, r *Round, ops int64) {
 	if s == nil || !s.on {
 		return
 	}
@@ -206,13 +211,13 @@ func (s *cpuSplitter) finish(w *Workload, r *Round) {
 		s.note(w, err)
 		return
 	}
-	if r.Count <= 0 {
+	if ops <= 0 {
 		return
 	}
 	if r.Extra == nil {
 		r.Extra = map[string]float64{}
 	}
-	addCPUSplit(r.Extra, parts, d, d.self, r.Count)
+	addCPUSplit(r.Extra, parts, d, d.self, ops)
 	r.Extra[extraCPUSamples] = float64(samples)
 }
 
@@ -331,7 +336,7 @@ func writeCPUSplitTable(w io.Writer, indent string, sides []*Side) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "%scpu split per tx (µs): %-34s %7s %7s %10s %7s %13s %7s %8s %7s\n", indent,
+	fmt.Fprintf(w, "%scpu split per op (µs): %-34s %7s %7s %10s %7s %13s %7s %8s %7s\n", indent,
 		"side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "database", "total")
 	us := func(x float64) string {
 		if math.IsNaN(x) {
@@ -363,7 +368,7 @@ func cpuSplitNotes(w *Workload) []string {
 	}
 	return []string{
 		"cpu split (-cpu-split): each side's every round is profiled on its own (runtime/pprof, default 100 Hz sampling, the sides' rounds run one after another); a sample's CPU goes to the first frame, walking from the leaf up, of rmqtx (github.com/rmqtx/rmqtx/...), the client (github.com/apache/rocketmq-client-go, patched or upstream alike), sql+driver (database/sql, go-sql-driver/mysql, jackc/pgx, jmoiron/sqlx) or the bench (its loop, payloads, checks); samples with none of them (GC workers, scheduler, netpoller) are runtime/other",
-		"cpu split: broker and database are their processes' CPU (utime+stime from /proc, PostgreSQL's per-connection processes included) over the same round: other clients of those servers count too; so do, in the bench process, the idle producers of the other sides (heartbeats, route updates, discard recovery), which is why a raw side can show a little rmqtx; every figure is microseconds per committed Send, the median over rounds of each column on its own (columns need not add up to total)",
+		"cpu split: broker and database are their processes' CPU (utime+stime from /proc, PostgreSQL's per-connection processes included) over the same round: other clients of those servers count too; so do, in the bench process, the idle producers of the other sides (heartbeats, route updates, discard recovery), which is why a raw side can show a little rmqtx; every figure is microseconds per committed Send (producer) or per processed message (consumer, over the window its rate is measured in), the median over rounds of each column on its own (columns need not add up to total)",
 		"cpu split: a part of n samples is known to about ±sqrt(n) samples of 10 ms, so short rounds give rough figures; the JSON's cpu_split has the samples per round (profile_samples) and the bench process's getrusage CPU (process_rusage_us); the five bench parts come out below it, by up to a sampling period per busy thread per round (each thread's profiling timer has not fired for the CPU since its last sample), which matters less the longer the round",
 	}
 }

@@ -183,7 +183,7 @@ func TestCPUSplitTableMath(t *testing.T) {
 	writeCPUSplitTable(&b, "  ", []*Side{side, bare, noSrv})
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	require.Len(t, lines, 3, b.String())
-	require.Equal(t, []string{"cpu", "split", "per", "tx", "(µs):", "side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "database", "total"},
+	require.Equal(t, []string{"cpu", "split", "per", "op", "(µs):", "side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "database", "total"},
 		strings.Fields(lines[0]))
 	require.Equal(t, []string{"20", "40", "60", "10", "30", "80", "75", "340"}, strings.Fields(strings.TrimPrefix(strings.TrimSpace(lines[1]), sideRmqtxSend)))
 	require.Equal(t, []string{"0", "0", "0", "100", "0", "-", "-", "100"}, strings.Fields(strings.TrimPrefix(strings.TrimSpace(lines[2]), sideRawTxLog)))
@@ -193,7 +193,7 @@ func TestCPUSplitTableMath(t *testing.T) {
 	w := &Workload{Name: "producer", Sides: []*Side{side, bare}}
 	var tbl bytes.Buffer
 	(&Report{Workloads: []*Workload{w}}).WriteTable(&tbl)
-	require.Contains(t, tbl.String(), "cpu split per tx (µs)")
+	require.Contains(t, tbl.String(), "cpu split per op (µs)")
 	var js bytes.Buffer
 	require.NoError(t, (&Report{Workloads: []*Workload{{Name: "producer", Sides: []*Side{bare}}}}).WriteJSON(&js))
 	require.NotContains(t, js.String(), "cpu_split")

@@ -115,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
 	fs.DurationVar(&opt.NetDelay, "net-delay", 0, "every side reaches the database, the name server and the brokers through loopback delay proxies adding this much each way, e.g. 0.5ms (0: direct)")
 	fs.BoolVar(&opt.Phases, "phases", false, "producer: add a side \"rmqtx Send + phase spans\" (every span sampled, kept in memory) whose spans give each Send's half/local/end breakdown and breaks the raw tx sides down too (off by default: the raw sides then run exactly what a user writes)")
-	fs.BoolVar(&opt.CPUSplit, "cpu-split", false, "producer: profile each side's every round and split the CPU per committed Send into rmqtx, client, sql+driver, bench, runtime/other, broker and database (not with -cpuprofile)")
+	fs.BoolVar(&opt.CPUSplit, "cpu-split", false, "producer, consumer: profile each side's every round and split the CPU per committed Send or processed message into rmqtx, client, sql+driver, bench, runtime/other, broker and database (not with -cpuprofile)")
 	fs.BoolVar(&opt.Java, "java", false, "producer: add sides \"java tx producer\" and \"java tx producer + log\": a Java TransactionMQProducer over JDBC (interop/java BenchTx, built by scripts/interop-java.sh: needs OpenJDK 17 and Maven)")
 	fs.StringVar(&opt.JavaJDBC, "java-jdbc-params", "", "producer, -java: extra JDBC URL parameters for the Java sides, e.g. useServerPrepStmts=true (MariaDB Connector/J) or prepareThreshold=1 (PostgreSQL)")
 	registerScaleFlags(fs, &opt.Scale)

@@ -191,6 +191,16 @@ type Dialect interface {
 	// and the client a query instead of an Exec; measured by
 	// scripts/pg-dedup-cost.sh, BENCHMARKS.md).
 	NewKeysByInsertNew() bool
+	// DriverPrepares reports whether the driver keeps rmqtx's statements
+	// prepared per connection by itself, so that database/sql prepared
+	// statements (internal/stmtcache) would only add client work. MySQL:
+	// false (go-sql-driver without interpolateParams prepares, executes and
+	// closes every statement with arguments). PostgreSQL: true (pgx's
+	// default exec mode caches a prepared statement per connection and
+	// query text: one round trip per call; a user's other exec mode, such
+	// as the simple protocol for a transaction-pooling PgBouncer, is then
+	// respected rather than overridden).
+	DriverPrepares() bool
 
 	// LatestCommitted runs write, statements on db that must act on the
 	// latest committed version of a row another transaction commits while

@@ -200,6 +200,8 @@ func (mysqlDialect) InsertNew(table, columns, values, conflict string) string {
 // NewKeysByInsertNew: UpsertReturning is one Exec here (see Dialect).
 func (mysqlDialect) NewKeysByInsertNew() bool { return false }
 
+func (mysqlDialect) DriverPrepares() bool { return false }
+
 // ExecInsertNew reads the duplicate-key error as "not inserted".
 func (d mysqlDialect) ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (bool, error) {
 	if _, err := e.ExecContext(ctx, query, args...); err != nil {

@@ -317,6 +317,8 @@ func (d pgDialect) InsertNew(table, columns, values, conflict string) string {
 // RETURNING on a new key (see Dialect).
 func (pgDialect) NewKeysByInsertNew() bool { return true }
 
+func (pgDialect) DriverPrepares() bool { return true }
+
 // ExecInsertNew reads zero affected rows as "not inserted".
 func (pgDialect) ExecInsertNew(ctx context.Context, e sqlx.ExecerContext, query string, args ...any) (bool, error) {
 	res, err := e.ExecContext(ctx, query, args...)

@@ -12,6 +12,12 @@
 // with interpolateParams=true could not reach (and rmqtx only gets a *sql.DB,
 // not a DSN).
 //
+// On a driver that keeps statements prepared by itself
+// (dialect.Dialect.DriverPrepares: pgx) the cache prepares nothing and runs
+// every statement as given: the driver's own cache already makes each one
+// round trip, and a database/sql prepared statement on top only costs
+// client CPU per call (a Stmt per transaction and its bookkeeping).
+//
 // Every statement text is rmqtx's own (validated table names, placeholders
 // for every value); the cache is keyed by that text. When the server refuses
 // to prepare (max_prepared_stmt_count reached, or a statement the prepared
@@ -50,6 +56,7 @@ type Cache struct {
 	refuse map[string]time.Time // statements the server would not prepare, and since when
 	busy   map[string]bool      // statements being prepared in the background
 	closed bool
+	direct bool // the driver prepares by itself: run every statement as given
 }
 
 // New returns a cache for db (nil db: a nil cache, which prepares nothing).
@@ -57,7 +64,9 @@ func New(db *sqlx.DB) *Cache {
 	if db == nil {
 		return nil
 	}
-	return &Cache{db: db, m: map[string]*sqlx.Stmt{}, refuse: map[string]time.Time{}, busy: map[string]bool{}}
+	d, err := dialect.For(db)
+	return &Cache{db: db, m: map[string]*sqlx.Stmt{}, refuse: map[string]time.Time{}, busy: map[string]bool{},
+		direct: err == nil && d.DriverPrepares()}
 }
 
 // CloseWith closes c when owner becomes unreachable, for owners with no
@@ -147,7 +156,7 @@ func (c *Cache) txStmt(query string) *sqlx.Stmt {
 // lookup returns the cached statement (and false), nil and false when the
 // statement runs unprepared now, or nil and true when it should be prepared.
 func (c *Cache) lookup(query string) (*sqlx.Stmt, bool) {
-	if c == nil {
+	if c == nil || c.direct {
 		return nil, false
 	}
 	c.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -178,4 +179,71 @@ func testOtherDatabaseAndErrors(t *testing.T, db *sqlx.DB) {
 	var nilCache *stmtcache.Cache
 	_, err = nilCache.ExecOn(ctx, db, q("UPDATE kv SET v = v + ? WHERE k = ?"), 1, "x")
 	require.NoError(t, err)
+}
+
+// Who prepares rmqtx's statements, per database. MariaDB: the cache (a
+// *sql.Stmt per statement; TestPreparedOncePerConnection counts the round
+// trips). PostgreSQL: pgx, whose default exec mode keeps a statement
+// prepared per connection by itself, so the cache prepares nothing and
+// runs each statement as given: one prepared statement on the session, the
+// driver's, and none under the simple protocol a transaction-pooling
+// PgBouncer needs.
+func TestWhoPreparesPerDialect(t *testing.T) {
+	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
+		t.Parallel()
+		testWhoPreparesPerDialect(t, db)
+	})
+}
+
+func testWhoPreparesPerDialect(t *testing.T, db *sqlx.DB) {
+	ctx := context.Background()
+	_, err := db.ExecContext(ctx, "CREATE TABLE kv (k VARCHAR(64) PRIMARY KEY, v INT NOT NULL)")
+	require.NoError(t, err)
+	const upsert = "INSERT INTO kv (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = kv.v + EXCLUDED.v"
+	// run executes the upsert three times, twice inside a transaction, and
+	// reads the value back.
+	run := func(one *sqlx.DB, c *stmtcache.Cache, q string) {
+		t.Helper()
+		_, err := c.Exec(ctx, q, "a", 1)
+		require.NoError(t, err)
+		tx, err := one.BeginTxx(ctx, nil)
+		require.NoError(t, err)
+		for range 2 {
+			_, err = c.ExecOn(ctx, tx, q, "a", 1)
+			require.NoError(t, err)
+		}
+		require.NoError(t, tx.Commit())
+	}
+	if db.DriverName() == "mysql" {
+		one := testenv.MySQLVariant(t, db, func(*mysql.Config) {})
+		one.SetMaxOpenConns(1)
+		c := stmtcache.New(one)
+		defer c.Close()
+		run(one, c, "INSERT INTO kv (k, v) VALUES (?, ?) ON DUPLICATE KEY UPDATE v = v + VALUES(v)")
+		require.Equal(t, 1, c.Len(), "MariaDB: the cache prepared the statement")
+		var v int
+		require.NoError(t, one.GetContext(ctx, &v, "SELECT v FROM kv WHERE k = 'a'"))
+		require.Equal(t, 3, v)
+		return
+	}
+	total := 0
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		one := testenv.PGVariant(t, db, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = mode })
+		one.SetMaxOpenConns(1) // pg_prepared_statements is the session's
+		c := stmtcache.New(one)
+		run(one, c, upsert)
+		total += 3
+		require.Zero(t, c.Len(), "%s: the cache prepares nothing on pgx", mode)
+		var prepared int
+		require.NoError(t, one.GetContext(ctx, &prepared, "SELECT COUNT(*) FROM pg_prepared_statements WHERE statement = '"+upsert+"'"))
+		want := 1 // pgx's own, reused by all three calls
+		if mode == pgx.QueryExecModeSimpleProtocol {
+			want = 0
+		}
+		require.Equal(t, want, prepared, "%s: statements prepared on the session", mode)
+		c.Close()
+	}
+	var v int
+	require.NoError(t, db.GetContext(ctx, &v, "SELECT v FROM kv WHERE k = 'a'"))
+	require.Equal(t, total, v)
 }

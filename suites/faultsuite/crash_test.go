@@ -18,6 +18,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
@@ -485,6 +486,7 @@ func (b *bed) verifyBatchGroup(t *testing.T, survivor *consumer.Consumer, txs *t
 	}
 	if !testenv.Await(2*time.Minute, func() bool { return read() == nil && lost() == 0 }) {
 		require.NoError(t, read())
+		b.logBatchGroup(t, survivor, committed, effects)
 	}
 	var ghosts, doubles int
 	for id, n := range effects {
@@ -505,4 +507,39 @@ func (b *bed) verifyBatchGroup(t *testing.T, survivor *consumer.Consumer, txs *t
 	require.Zero(t, lost(), "batch group: every committed event applied")
 	require.Zero(t, ghosts, "batch group: nothing applied without a commit")
 	require.Zero(t, doubles, "batch group: no double effect")
+}
+
+// logBatchGroup logs, when the survivor has not applied every committed
+// event in time, what it takes to tell why: the survivor's counters, the
+// group's consumers and committed offsets per queue against the queue's
+// end, and where the broker stored the first unapplied events (as the
+// bed's independent collector received them).
+func (b *bed) logBatchGroup(t *testing.T, survivor *consumer.Consumer, committed map[string]bool, effects map[string]int) {
+	t.Helper()
+	ctx := context.Background()
+	group := b.batchGroup()
+	t.Logf("batch group %s: survivor stats %+v", group, survivor.Processor().Stats())
+	for _, rb := range b.Route {
+		ids, err := remoting.ConsumerIDs(ctx, rb.Addr, 5*time.Second, group)
+		t.Logf("batch group on %s (%s): consumers %v (err %v)", rb.Name, rb.Addr, ids, err)
+		for q := 0; q < rb.ReadQueues; q++ {
+			off, found, err := remoting.ConsumerOffset(ctx, rb.Addr, 5*time.Second, group, b.Topic, q)
+			end, err2 := remoting.MaxOffset(ctx, rb.Addr, 5*time.Second, b.Topic, q)
+			t.Logf("  queue %s/%d: committed offset %d (found %v, err %v), end %d (err %v)", rb.Name, q, off, found, err, end, err2)
+		}
+	}
+	shown := 0
+	for id := range committed {
+		if effects[id] > 0 {
+			continue
+		}
+		if shown++; shown > 20 {
+			break
+		}
+		if m := b.Coll.Message(id); m != nil && m.Queue != nil {
+			t.Logf("  unapplied %s: stored at %s/%d offset %d", id, m.Queue.BrokerName, m.Queue.QueueId, m.QueueOffset)
+		} else {
+			t.Logf("  unapplied %s: not seen by the collector", id)
+		}
+	}
 }

@@ -303,12 +303,31 @@ func checkSkew(t *testing.T, db *sqlx.DB, store *txlog.Store, d time.Duration) {
 	marker, _, _ := send(caseCommitted)
 	ans.wait(t, marker, "the marker is answered", is(checkback.Commit))
 	require.True(t, coll.WaitUntil(60*time.Second, func(s testenv.Snapshot) bool { return s.Counts[marker] > 0 }), "marker not consumed")
-	snap := coll.Snapshot()
-	require.Equal(t, 1, snap.Counts[committed], "the committed event arrived once")
+	snap, stored := coll.Snapshot(), coll.Stored()
+	// A committed event arrives, and every copy the broker stored of it is
+	// the commit of a COMMIT answer: the broker checks a half again when the
+	// previous answer's END has not been processed by its next scan, and a
+	// second COMMIT stores a second copy (the consumers' dedup absorbs it;
+	// the fault suites count such copies). What this test holds the checker
+	// to is that every answer comes from the row, so never a copy without a
+	// COMMIT.
+	committedOnce := func(id, what string) {
+		t.Helper()
+		commits := 0
+		for _, x := range ans.get(id) {
+			if x.Decision == checkback.Commit {
+				commits++
+			}
+		}
+		t.Logf("%s: %d COMMIT answers, %d stored copies, %d deliveries", what, commits, stored[id], snap.Counts[id])
+		require.Positive(t, snap.Counts[id], "%s arrived", what)
+		require.LessOrEqual(t, stored[id], commits, "%s: a stored copy per COMMIT answer at most", what)
+	}
+	committedOnce(committed, "the committed event")
 	require.Zero(t, snap.Counts[rolledBack], "a rollback never arrives")
 	require.Zero(t, snap.Counts[noRow], "a half with no row never arrives")
 	if d > 0 {
-		require.Equal(t, 1, snap.Counts[inFlight], "the in-flight event arrived once")
+		committedOnce(inFlight, "the in-flight event")
 		require.Zero(t, snap.Counts[lateRow], "the fenced late event never arrives")
 	}
 }

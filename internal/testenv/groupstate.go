@@ -42,16 +42,31 @@ func DescribeGroup(t testing.TB, topic, group string, queues int) string {
 // the dead instance's queues wait for the scan.
 func AwaitGroupEmpty(t testing.TB, group string, timeout time.Duration) {
 	t.Helper()
+	AwaitGroupEmptyOn(t, []string{Load().Broker}, group, timeout)
+}
+
+// AwaitGroupEmptyOn is AwaitGroupEmpty on the brokers at addrs (a suite's
+// private ones), every one of which must count no consumer of group. It
+// returns how long the wait took.
+func AwaitGroupEmptyOn(t testing.TB, addrs []string, group string, timeout time.Duration) time.Duration {
+	t.Helper()
 	start := time.Now()
 	var ids []string
+	var addr string
 	var err error
 	if !Await(timeout, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		ids, err = remoting.ConsumerIDs(ctx, Load().Broker, 5*time.Second, group)
-		return err == nil && len(ids) == 0
+		for _, addr = range addrs {
+			if ids, err = remoting.ConsumerIDs(ctx, addr, 5*time.Second, group); err != nil || len(ids) > 0 {
+				return false
+			}
+		}
+		return true
 	}) {
-		t.Fatalf("testenv: the broker still counts consumers %v of group %s after %s (err %v)", ids, group, timeout, err)
+		t.Fatalf("testenv: the broker at %s still counts consumers %v of group %s after %s (err %v)", addr, ids, group, timeout, err)
 	}
-	t.Logf("the broker counts no consumer of group %s any more, %s after the wait began", group, time.Since(start).Round(10*time.Millisecond))
+	took := time.Since(start)
+	t.Logf("the brokers count no consumer of group %s any more, %s after the wait began", group, took.Round(10*time.Millisecond))
+	return took
 }

@@ -7,6 +7,8 @@ import (
 	"syscall"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/proccpu"
 )
 
 // scaleBytesPerRow is what one preloaded N costs the database's disk: a
@@ -53,7 +55,7 @@ func dataDir(ctx context.Context, db *sqlx.DB, engine, addr string) (string, err
 		}
 		return dir, nil
 	}
-	pid := listeningPID(addr)
+	pid := proccpu.ListeningPID(addr)
 	if pid <= 0 {
 		return "", fmt.Errorf("no process of this machine listens on %s", addr)
 	}

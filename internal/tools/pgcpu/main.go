@@ -54,6 +54,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/proccpu"
 	"github.com/rmqtx/rmqtx/schema"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -218,7 +219,7 @@ func run() error {
 				errMu    sync.Mutex
 				firstErr error
 			)
-			db0, self0, t0 := treeCPU(pm), selfCPU(), time.Now()
+			db0, self0, t0 := dbCPU(pm), selfCPU(), time.Now()
 			for range *g {
 				wg.Add(1)
 				go func() {
@@ -244,7 +245,7 @@ func run() error {
 			el := time.Since(t0)
 			f := figures{
 				rate: float64(*n) / el.Seconds(),
-				db:   float64((treeCPU(pm) - db0).Microseconds()) / float64(*n),
+				db:   float64((dbCPU(pm) - db0).Microseconds()) / float64(*n),
 				self: float64((selfCPU() - self0).Microseconds()) / float64(*n),
 			}
 			results[m] = append(results[m], f)
@@ -310,47 +311,12 @@ func postmaster(file string) (int, error) {
 	return strconv.Atoi(strings.TrimSpace(line))
 }
 
-// clockTick is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
-const clockTick = 10 * time.Millisecond
-
-// statFields returns the fields of /proc/pid/stat after the command name.
-func statFields(pid string) []string {
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
-		return nil
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 > len(s) {
-		return nil
-	}
-	return strings.Fields(s[i+2:])
-}
-
-// ticks sums fields [from, to) of f (utime, stime, cutime, cstime are 11-14).
-func ticks(f []string, from, to int) int64 {
-	var t int64
-	for i := from; i < to && i < len(f); i++ {
-		v, _ := strconv.ParseInt(f[i], 10, 64)
-		t += v
-	}
-	return t
-}
-
-// treeCPU is the postmaster's CPU, its reaped children's and its live
-// children's (the backends and the background processes).
-func treeCPU(pm int) time.Duration {
-	t := ticks(statFields(strconv.Itoa(pm)), 11, 15)
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		if f := statFields(e.Name()); len(f) > 1 && f[1] == strconv.Itoa(pm) {
-			t += ticks(f, 11, 13)
-		}
-	}
-	return time.Duration(t) * clockTick
+// dbCPU is the postmaster's CPU with its backends' and background
+// processes' (live, and reaped through the postmaster's cutime), or 0 when
+// it cannot be read.
+func dbCPU(pm int) time.Duration {
+	d, _ := proccpu.TreeCPU(pm)
+	return d
 }
 
 func selfCPU() time.Duration {

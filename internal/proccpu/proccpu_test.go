@@ -1,0 +1,85 @@
+package proccpu
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TreeCPU counts a live child's CPU, and a reaped child's through the
+// parent's cutime, so a process that forks per connection (PostgreSQL) is
+// measured whole.
+func TestTreeCPU(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Fatalf("needs Linux /proc: %v", err)
+	}
+	ppid, ticks, ok := ParseStat([]byte("4242 (a (b) c) S 17 1 1 0 -1 4194560 100 0 0 0 250 30 7 3 20 0 1 0 5 0 0"))
+	require.True(t, ok)
+	require.Equal(t, 17, ppid)
+	require.Equal(t, int64(250+30+7+3), ticks)
+	_, _, ok = ParseStat([]byte("garbage"))
+	require.False(t, ok)
+
+	self := os.Getpid()
+	own := func() int64 {
+		b, err := os.ReadFile("/proc/self/stat")
+		require.NoError(t, err)
+		_, n, ok := ParseStat(b)
+		require.True(t, ok)
+		return n
+	}
+	_, ok = TreeCPU(1 << 30)
+	require.False(t, ok, "no such process")
+
+	// A live busy child: counted under this process.
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	child := func() int64 {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/stat")
+		require.NoError(t, err)
+		_, n, ok := ParseStat(b)
+		require.True(t, ok)
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for child() < 3 {
+		require.True(t, time.Now().Before(deadline), "the child used no CPU in 30 s")
+		runtime.Gosched()
+	}
+	o0, c0 := own(), child()
+	tree, ok := TreeCPU(self)
+	require.True(t, ok)
+	require.GreaterOrEqual(t, tree, time.Duration(o0+c0)*time.Second/ClockTick)
+
+	// Reaped: its time moves into this process's cutime, the sum stays.
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	c1 := time.Duration(cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime())
+	after, ok := TreeCPU(self)
+	require.True(t, ok)
+	require.GreaterOrEqual(t, after, tree)
+	require.GreaterOrEqual(t, time.Duration(own()-o0)*time.Second/ClockTick, c1-2*time.Second/ClockTick,
+		"the reaped child's %s is in this process's cutime", c1)
+}
+
+// ListeningPID finds the process by the port it listens on (here: this
+// one), and nothing where nothing listens.
+func TestListeningPID(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat("/proc/net/tcp"); err != nil {
+		t.Fatalf("needs Linux /proc: %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	require.Equal(t, os.Getpid(), ListeningPID(l.Addr().String()))
+	require.Zero(t, ListeningPID("127.0.0.1:1"), "nothing listens on port 1")
+	require.Zero(t, ListeningPID("no port"))
+}

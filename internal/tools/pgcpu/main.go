@@ -13,10 +13,12 @@
 //	hand-log   the same with rmqtx's dedup statement on a copy of rmqtx's consume log (its row and indexes)
 //	rmqtx      consumer.Processor.Process (NoCrashCount, no version guard): the same four statements
 //	hand-burn  hand, then -burn µs of client CPU per event after the commit (the database's work is unchanged)
+//	hand-timeout  hand, each transaction under its own 30 s deadline, as the Processor's ProcessTimeout puts it
 //
 // Modes alternate within each round. A round prints the events per second,
 // the database server's CPU per event (user + system of the postmaster and
-// its children, from /proc) and this process's; the end prints medians
+// its children, from /proc) and this process's, and this process's
+// allocations per event (count and bytes); the end prints medians
 // and, for every mode, its per-round difference in database CPU from
 // hand's (paired: the same round).
 //
@@ -72,11 +74,20 @@ func run() error {
 	n := flag.Int("n", 20000, "events per mode and round")
 	g := flag.Int("g", 8, "goroutines (each with a connection)")
 	rounds := flag.Int("rounds", 6, "rounds; modes alternate within each")
-	modesFlag := flag.String("modes", "hand,hand-log,rmqtx", "comma-separated modes: hand, hand-log, rmqtx, hand-burn")
+	modesFlag := flag.String("modes", "hand,hand-log,rmqtx", "comma-separated modes: hand, hand-log, rmqtx, hand-burn, hand-timeout")
 	burnUS := flag.Int("burn", 60, "hand-burn: client CPU per event, in µs")
 	pidFile := flag.String("pidfile", ".run/postgres/data/postmaster.pid", "the postmaster's pid file (scripts/services.sh's)")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file (every allocation sampled)")
 	flag.Parse()
+	if *memProfile != "" {
+		runtime.MemProfileRate = 1
+		defer func() {
+			if err := writeHeap(*memProfile); err != nil {
+				fmt.Fprintln(os.Stderr, "pgcpu:", err)
+			}
+		}()
+	}
 	if *profile != "" {
 		f, err := os.Create(*profile)
 		if err != nil {
@@ -90,7 +101,7 @@ func run() error {
 	}
 	modes := strings.Split(*modesFlag, ",")
 	for _, m := range modes {
-		if !slices.Contains([]string{"hand", "hand-log", "rmqtx", "hand-burn"}, m) {
+		if !slices.Contains([]string{"hand", "hand-log", "rmqtx", "hand-burn", "hand-timeout"}, m) {
 			return fmt.Errorf("unknown mode %q", m)
 		}
 	}
@@ -151,7 +162,7 @@ func run() error {
 	}
 	hash := wire.Hash(payload)
 
-	type figures struct{ rate, db, self float64 }
+	type figures struct{ rate, db, self, allocs, bytes float64 }
 	results := map[string][]figures{}
 	for r := 0; r < *rounds; r++ {
 		for _, m := range modes {
@@ -193,7 +204,15 @@ func run() error {
 				if m == "hand-burn" {
 					burn = time.Duration(*burnUS) * time.Microsecond
 				}
+				deadline := m == "hand-timeout"
 				work = func(ctx context.Context, id string) error {
+					if deadline {
+						// A bounded transaction: the driver then watches the
+						// context on every statement.
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+						defer cancel()
+					}
 					tx, err := db.BeginTxx(ctx, nil)
 					if err != nil {
 						return err
@@ -219,6 +238,8 @@ func run() error {
 				errMu    sync.Mutex
 				firstErr error
 			)
+			var ms0, ms1 runtime.MemStats
+			runtime.ReadMemStats(&ms0)
 			db0, self0, t0 := dbCPU(pm), selfCPU(), time.Now()
 			for range *g {
 				wg.Add(1)
@@ -248,8 +269,12 @@ func run() error {
 				db:   float64((dbCPU(pm) - db0).Microseconds()) / float64(*n),
 				self: float64((selfCPU() - self0).Microseconds()) / float64(*n),
 			}
+			runtime.ReadMemStats(&ms1)
+			f.allocs = float64(ms1.Mallocs-ms0.Mallocs) / float64(*n)
+			f.bytes = float64(ms1.TotalAlloc-ms0.TotalAlloc) / float64(*n)
 			results[m] = append(results[m], f)
-			fmt.Printf("round %2d %-9s %7.0f events/s  database %6.1f µs/event  pgcpu %6.1f µs/event\n", r+1, m, f.rate, f.db, f.self)
+			fmt.Printf("round %2d %-9s %7.0f events/s  database %6.1f µs/event  pgcpu %6.1f µs/event  %5.1f allocs/event  %6.0f B/event\n",
+				r+1, m, f.rate, f.db, f.self, f.allocs, f.bytes)
 		}
 	}
 	fmt.Println("medians:")
@@ -262,8 +287,9 @@ func run() error {
 			}
 			return median(v)
 		}
-		line := fmt.Sprintf("  %-9s %7.0f events/s  database %6.1f µs/event  pgcpu %6.1f µs/event",
-			m, med(func(f figures) float64 { return f.rate }), med(func(f figures) float64 { return f.db }), med(func(f figures) float64 { return f.self }))
+		line := fmt.Sprintf("  %-9s %7.0f events/s  database %6.1f µs/event  pgcpu %6.1f µs/event  %5.1f allocs/event  %6.0f B/event",
+			m, med(func(f figures) float64 { return f.rate }), med(func(f figures) float64 { return f.db }), med(func(f figures) float64 { return f.self }),
+			med(func(f figures) float64 { return f.allocs }), med(func(f figures) float64 { return f.bytes }))
 		if h, ok := results["hand"]; ok && m != "hand" {
 			d := make([]float64, len(fs))
 			higher := 0
@@ -278,6 +304,19 @@ func run() error {
 		fmt.Println(line)
 	}
 	return nil
+}
+
+// writeHeap writes the allocation profile (-memprofile): go tool pprof
+// -sample_index=alloc_objects (or alloc_space) shows where each mode's
+// allocations come from.
+func writeHeap(file string) error {
+	f, err := os.Create(filepath.Clean(file))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	runtime.GC()
+	return pprof.Lookup("allocs").WriteTo(f, 0)
 }
 
 func eventID(tag, group string, k int) string { return fmt.Sprintf("%s-%s-%07d", tag, group, k) }

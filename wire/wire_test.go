@@ -104,6 +104,13 @@ func TestNormalizeHash(t *testing.T) {
 	require.NotEqual(t, h, wire.NormalizeHash(wire.Hash([]byte("other"))))
 }
 
+// Hash is the lower-case hex SHA-256 that other clients compute too
+// (FIPS 180-2's test vectors).
+func TestHashIsLowerHexSHA256(t *testing.T) {
+	require.Equal(t, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", wire.Hash(nil))
+	require.Equal(t, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", wire.Hash([]byte("abc")))
+}
+
 func TestKeys(t *testing.T) {
 	require.Equal(t, []string{"id"}, wire.Keys(nil, "id"))
 	in := []string{"order-1", "cust-9"}

@@ -17,9 +17,15 @@ import (
 // past the message; this tells which.
 func DescribeGroup(t testing.TB, topic, group string, queues int) string {
 	t.Helper()
+	return DescribeGroupOn(t, Load().Broker, topic, group, queues)
+}
+
+// DescribeGroupOn is DescribeGroup for the broker at addr (a suite's
+// private one), over its first queues queues of topic.
+func DescribeGroupOn(t testing.TB, addr, topic, group string, queues int) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	addr := Load().Broker
 	var b strings.Builder
 	ids, err := remoting.ConsumerIDs(ctx, addr, 5*time.Second, group)
 	fmt.Fprintf(&b, "broker %s: group %s consumers %v (err %v)", addr, group, ids, err)

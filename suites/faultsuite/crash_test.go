@@ -18,7 +18,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/rmqtx/rmqtx/consumer"
-	"github.com/rmqtx/rmqtx/internal/broker/remoting"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/testenv"
 	"github.com/rmqtx/rmqtx/outbox"
@@ -526,17 +525,10 @@ func (b *bed) verifyBatchGroup(t *testing.T, survivor *consumer.Consumer, txs *t
 // bed's independent collector received them).
 func (b *bed) logBatchGroup(t *testing.T, survivor *consumer.Consumer, committed map[string]bool, effects map[string]int) {
 	t.Helper()
-	ctx := context.Background()
 	group := b.batchGroup()
 	t.Logf("batch group %s: survivor stats %+v", group, survivor.Processor().Stats())
 	for _, rb := range b.Route {
-		ids, err := remoting.ConsumerIDs(ctx, rb.Addr, 5*time.Second, group)
-		t.Logf("batch group on %s (%s): consumers %v (err %v)", rb.Name, rb.Addr, ids, err)
-		for q := 0; q < rb.ReadQueues; q++ {
-			off, found, err := remoting.ConsumerOffset(ctx, rb.Addr, 5*time.Second, group, b.Topic, q)
-			end, err2 := remoting.MaxOffset(ctx, rb.Addr, 5*time.Second, b.Topic, q)
-			t.Logf("  queue %s/%d: committed offset %d (found %v, err %v), end %d (err %v)", rb.Name, q, off, found, err, end, err2)
-		}
+		t.Logf("batch group on %s: %s", rb.Name, testenv.DescribeGroupOn(t, rb.Addr, b.Topic, group, rb.ReadQueues))
 	}
 	shown := 0
 	for id := range committed {

@@ -1,7 +1,6 @@
 package proccpu
 
 import (
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -11,6 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 )
+
+// ListeningPID is tested through the bench's meter (cmd/rmqtx-bench
+// TestCPUMeterFindsListener).
 
 // TreeCPU counts a live child's CPU, and a reaped child's through the
 // parent's cutime, so a process that forks per connection (PostgreSQL) is
@@ -67,19 +69,4 @@ func TestTreeCPU(t *testing.T) {
 	require.GreaterOrEqual(t, after, tree)
 	require.GreaterOrEqual(t, time.Duration(own()-o0)*time.Second/ClockTick, c1-2*time.Second/ClockTick,
 		"the reaped child's %s is in this process's cutime", c1)
-}
-
-// ListeningPID finds the process by the port it listens on (here: this
-// one), and nothing where nothing listens.
-func TestListeningPID(t *testing.T) {
-	t.Parallel()
-	if _, err := os.Stat("/proc/net/tcp"); err != nil {
-		t.Fatalf("needs Linux /proc: %v", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	require.Equal(t, os.Getpid(), ListeningPID(l.Addr().String()))
-	require.Zero(t, ListeningPID("127.0.0.1:1"), "nothing listens on port 1")
-	require.Zero(t, ListeningPID("no port"))
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,6 +97,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	}}
 	raw := &Side{Name: sideRawHandler, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; handler: BEGIN; business INSERT; COMMIT"}
 	rawDedup := &Side{Name: sideRawDedup, Unit: "msgs/s", Description: "rocketmq-client-go push consumer; hand-written idempotent handler: BEGIN; INSERT IGNORE dedup row (group, event id); business INSERT unless it was there; COMMIT"}
+	checked := &Side{Name: sideRawChecked, Unit: "msgs/s", Description: "the hand-written idempotent handler doing the work rmqtx's first delivery does by contract: each message under its own deadline (ProcessTimeout's default, 30 s), its id and type read and checked, the payload's SHA-256 checked against the declared hash and kept in the dedup row, a duplicate's stored hash read and compared (another payload under the same id is a conflict, not applied): BEGIN; INSERT IGNORE dedup row (group, id, type, hash); business INSERT unless it was there; COMMIT"}
 	first := &Side{Name: sideFirst, Unit: "msgs/s", Description: "rmqtx consumer, first delivery: BEGIN; dedup INSERT; business INSERT; COMMIT"}
 	batch := &Side{Name: sideBatch, Unit: "msgs/s", Description: fmt.Sprintf("rmqtx consumer, BatchTransaction (BatchSize %d): per delivered batch BEGIN; one dedup INSERT; per event business INSERT; COMMIT (savepoints only in the pass after a failure)", consumer.DefaultBatchTxSize)}
 	cold := &Side{Name: sideDupCold, Unit: "msgs/s", Description: "duplicate hit (cold: new consumer instance of the group, DB dedup): BEGIN; dedup INSERT .. ON DUPLICATE KEY (hash check); ROLLBACK, then, once 48 of the last 64 were duplicates, one point read of the committed dedup row; handler not run"}
@@ -103,26 +107,29 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	firstNC := &Side{Name: sideFirstNoCount, Unit: "msgs/s", Description: "the same as rmqtx first delivery with ProcessorConfig.NoCrashCount: no attempt counted before the handler (a handler that kills its process is then redelivered for as long as it does), so what the crash count costs shows"}
 	batchNC := &Side{Name: sideBatchNoCount, Unit: "msgs/s", Description: "the same as rmqtx batch mode with NoCrashCount"}
 	rawBatchDedup := &Side{Name: sideRawBatchDedup, Unit: "msgs/s", Description: fmt.Sprintf("the raw batch handler (up to %d messages at once) made idempotent by hand: BEGIN; per message INSERT IGNORE of the dedup row (group, event id) and the business INSERT unless it was there; COMMIT", consumer.DefaultBatchTxSize)}
-	w.Sides = []*Side{raw, rawDedup, first, firstNC, batch, batchNC, rawBatch, rawBatchDedup, cold, warm, noop}
+	w.Sides = []*Side{raw, rawDedup, checked, first, firstNC, batch, batchNC, rawBatch, rawBatchDedup, cold, warm, noop}
 	drainSplit.s, drainSplit.w = newCPUSplitter(e, w), w // nil without -cpu-split
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
 	topic, dupTopic := e.Names.Name("ctopic"), e.Names.Name("cdup")
 	rawTable, txTable, dedupTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc"), e.Names.Name("orders_rawdc")
 	batchTable, rawBatchTable, rawBatchDedupTable := e.Names.Name("orders_batchc"), e.Names.Name("orders_rawbc"), e.Names.Name("orders_rawbdc")
-	handDedup := e.Names.Name("handdedup")
+	handDedup, checkedDedup, checkedTable := e.Names.Name("handdedup"), e.Names.Name("checkdedup"), e.Names.Name("orders_rawck")
 	prefix := e.Names.Name("c") + "_"
 	for _, t := range []string{topic, dupTopic} {
 		if err := e.CreateTopic(ctx, t, 4); err != nil {
 			return fail(err)
 		}
 	}
-	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable, rawBatchDedupTable} {
+	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable, rawBatchDedupTable, checkedTable} {
 		if err := e.businessTable(ctx, t); err != nil {
 			return fail(err)
 		}
 	}
 	if err := e.handDedupTable(ctx, handDedup); err != nil {
+		return fail(err)
+	}
+	if err := e.checkedDedupTable(ctx, checkedDedup); err != nil {
 		return fail(err)
 	}
 	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
@@ -152,12 +159,18 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 
 	rawInsert, txInsert, dedupInsert := e.insertOrderSQL(rawTable), e.insertOrderSQL(txTable), e.insertOrderSQL(dedupTable)
 	dedupRow := e.handDedupInsertSQL(handDedup)
-	startNoop := func(group string) func() (*drain, error) {
+	// startOneSide runs a raw push consumer (one message per callback)
+	// whose handler is handle; the drain counts the messages handle
+	// applied (a duplicate it absorbed is not counted).
+	startOneSide := func(group string, handle func(ctx context.Context, m *primitive.MessageExt) (applied bool, err error)) func() (*drain, error) {
 		return func() (*drain, error) {
 			var c atomic.Int64
-			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(context.Context, *primitive.MessageExt) error {
-				c.Add(1)
-				return nil
+			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
+				applied, err := handle(ctx, m)
+				if applied {
+					c.Add(1)
+				}
+				return err
 			})
 			if err != nil {
 				return nil, err
@@ -165,29 +178,33 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
 		}
 	}
-	startRaw := func(group string) func() (*drain, error) {
-		return func() (*drain, error) {
-			var c atomic.Int64
-			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
-				tx, err := e.DB.BeginTxx(ctx, nil)
-				if err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(ctx, rawInsert, m.GetProperty(wire.PropEventID), int64(len(m.Body)), m.Body); err != nil {
-					_ = tx.Rollback()
-					return err
-				}
-				if err := tx.Commit(); err != nil {
-					return err
-				}
-				c.Add(1)
-				return nil
-			})
-			if err != nil {
-				return nil, err
-			}
-			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+	// inTx runs step in a transaction of its own and commits it when step
+	// asks to (a duplicate is rolled back), as a raw handler does.
+	inTx := func(ctx context.Context, step func(tx *sqlx.Tx) (commit bool, err error)) (committed bool, err error) {
+		tx, err := e.DB.BeginTxx(ctx, nil)
+		if err != nil {
+			return false, err
 		}
+		commit, err := step(tx)
+		if err != nil || !commit {
+			_ = tx.Rollback()
+			return false, err
+		}
+		if err := tx.Commit(); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	startNoop := func(group string) func() (*drain, error) {
+		return startOneSide(group, func(context.Context, *primitive.MessageExt) (bool, error) { return true, nil })
+	}
+	startRaw := func(group string) func() (*drain, error) {
+		return startOneSide(group, func(ctx context.Context, m *primitive.MessageExt) (bool, error) {
+			return inTx(ctx, func(tx *sqlx.Tx) (bool, error) {
+				_, err := tx.ExecContext(ctx, rawInsert, m.GetProperty(wire.PropEventID), int64(len(m.Body)), m.Body)
+				return true, err
+			})
+		})
 	}
 	// handDedupStep is the hand-written idempotent step both raw dedup sides run
 	// in their transaction: the dedup row, then, unless it was there (dup),
@@ -266,33 +283,65 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	// row and the business row in one transaction, a duplicate rolled back.
 	var rawDedupDups atomic.Int64
 	startRawDedup := func(group string) func() (*drain, error) {
-		return func() (*drain, error) {
-			var c atomic.Int64
-			pc, err := e.rawPushConsumer(group, topic, o.Concurrency, func(ctx context.Context, m *primitive.MessageExt) error {
-				tx, err := e.DB.BeginTxx(ctx, nil)
-				if err != nil {
-					return err
-				}
+		return startOneSide(group, func(ctx context.Context, m *primitive.MessageExt) (bool, error) {
+			return inTx(ctx, func(tx *sqlx.Tx) (bool, error) {
 				dup, err := handDedupStep(ctx, tx, group, dedupInsert, m)
-				if err != nil || dup {
-					_ = tx.Rollback()
-					if err != nil {
-						return err
-					}
-					rawDedupDups.Add(1)
-					return nil // a duplicate: ACK without the effect
+				if dup {
+					rawDedupDups.Add(1) // ACK without the effect
 				}
-				if err := tx.Commit(); err != nil {
-					return err
-				}
-				c.Add(1)
-				return nil
+				return !dup, err
 			})
-			if err != nil {
-				return nil, err
+		})
+	}
+	// startRawChecked is the careful hand-written handler that does what
+	// rmqtx's first delivery does, so the two compare the same work: a
+	// deadline per message (without one a lock wait or a silent database
+	// holds the delivery), the envelope's id and type checked, the
+	// payload's hash checked against the declared one and kept, and a
+	// duplicate told apart from another payload under the same id. A
+	// conflict or a payload unlike its declared hash would be parked by
+	// rmqtx; here each is counted, and the run has none, so the check below
+	// fails on any.
+	checkedRow, checkedHash := e.checkedDedupSQL(checkedDedup)
+	checkedInsert := e.insertOrderSQL(checkedTable)
+	var checkedDups, checkedConflicts, checkedMalformed atomic.Int64
+	startRawChecked := func(group string) func() (*drain, error) {
+		return startOneSide(group, func(ctx context.Context, m *primitive.MessageExt) (bool, error) {
+			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			id, typ := m.GetProperty(wire.PropEventID), m.GetProperty(wire.PropEventType)
+			if id == "" || typ != benchEventType {
+				return false, fmt.Errorf("message %s: no event id or an unknown type", m.MsgId)
 			}
-			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
-		}
+			sum := sha256.Sum256(m.Body)
+			hash := hex.EncodeToString(sum[:])
+			if declared := m.GetProperty(wire.PropPayloadHash); declared != "" && !strings.EqualFold(declared, hash) {
+				checkedMalformed.Add(1)
+				return false, nil
+			}
+			return inTx(ctx, func(tx *sqlx.Tx) (bool, error) {
+				res, err := tx.ExecContext(ctx, checkedRow, group, id, typ, hash)
+				if err != nil {
+					return false, err
+				}
+				if n, err := res.RowsAffected(); err != nil || n == 0 {
+					var stored string
+					if err == nil {
+						err = tx.GetContext(ctx, &stored, checkedHash, group, id)
+					}
+					switch {
+					case err != nil:
+					case stored != hash:
+						checkedConflicts.Add(1)
+					default:
+						checkedDups.Add(1)
+					}
+					return false, err // a duplicate or a conflict: ACK without the effect
+				}
+				_, err = tx.ExecContext(ctx, checkedInsert, id, int64(len(m.Body)), m.Body)
+				return true, err
+			})
+		})
 	}
 	batchInsert := e.insertOrderSQL(batchTable)
 	// batchTxs counts the transactions the batch handler ran in (the
@@ -421,7 +470,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		e.Log("  warm-up done")
 	}
 
-	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideFirst, sideFirstNoCount, sideBatch, sideBatchNoCount, sideRawBatch, sideRawBatchDedup}, []string{sideDupWarm, sideDupCold}
+	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideRawChecked, sideFirst, sideFirstNoCount, sideBatch, sideBatchNoCount, sideRawBatch, sideRawBatchDedup}, []string{sideDupWarm, sideDupCold}
 	logRound := func(r int, name string, ro Round) {
 		cpu := fmt.Sprintf(", cpu/msg: bench %.0fus", ro.Extra["bench_cpu_us_per_msg"])
 		if v, ok := ro.Extra["db_cpu_us_per_msg"]; ok {
@@ -434,11 +483,13 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			cpu += fmt.Sprintf(", %.1f events per transaction", v)
 		}
 		e.Log("  round %d %-34s %8.1f msgs/s (%.2fs, start-up %.2fs%s)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"], cpu)
+		drainSplit.s.save(w, name, r+1)
 	}
 	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
 		rawGroup, txGroup, dedupGroup, batchGroup := e.Names.Name("craw"), e.Names.Name("ctx"), e.Names.Name("crawd"), e.Names.Name("cbatch")
 		rawBatchGroup, ncGroup, ncBatchGroup, rawBatchDedupGroup := e.Names.Name("crawb"), e.Names.Name("cnc"), e.Names.Name("cncb"), e.Names.Name("crawbd")
+		checkedGroup := e.Names.Name("crawck")
 		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
@@ -488,6 +539,11 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawDedup(dedupGroup))
 				if err == nil {
 					rawDedup.Rounds = append(rawDedup.Rounds, ro)
+				}
+			case sideRawChecked:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawChecked(checkedGroup))
+				if err == nil {
+					checked.Rounds = append(checked.Rounds, ro)
 				}
 			default:
 				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false, false, func(c *consumer.Consumer) { applier = c }))
@@ -568,6 +624,18 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	}
 	if rows, err := e.countRows(ctx, rawBatchDedupTable); err == nil && int64(rows) != int64(len(rawBatchDedup.Rounds))*int64(n) {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d hand-written batch dedup business rows for %d (group, event) pairs", rows, int64(len(rawBatchDedup.Rounds))*int64(n)))
+	}
+	if rows, err := e.countRows(ctx, checkedTable); err == nil && int64(rows) != int64(len(checked.Rounds))*int64(n) {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked hand-written dedup business rows for %d (group, event) pairs", rows, int64(len(checked.Rounds))*int64(n)))
+	}
+	if bad, err := e.checkedHashMismatches(ctx, checkedDedup, checkedTable); err != nil || bad > 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked dedup rows whose hash is not their payload's SHA-256 (error: %v)", bad, err))
+	}
+	if k, b := checkedConflicts.Load(), checkedMalformed.Load(); k > 0 || b > 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: raw handler + checked dedup saw %d payload-hash conflicts and %d payloads unlike their declared hash (the run has none)", k, b))
+	}
+	if d := checkedDups.Load(); d > 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("raw handler + checked dedup absorbed %d redeliveries", d))
 	}
 	if d := rawBatchDedupDups.Load(); d > 0 {
 		w.Notes = append(w.Notes, fmt.Sprintf("raw batch handler + dedup absorbed %d redeliveries", d))

@@ -14,7 +14,8 @@ import (
 
 // The consumer workload, small, end to end on the real broker: every side
 // drains every round, and the effect checks (each rmqtx side's business
-// rows against its groups and events, the NoCrashCount sides included)
+// rows against its groups and events, the NoCrashCount sides included;
+// the checked hand-written side's stored hashes against its payloads)
 // pass. A check that counts the wrong sides prints CHECK FAILED, which
 // this test fails on.
 func TestConsumerWorkloadChecksPass(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
@@ -152,6 +153,9 @@ type cpuSplitter struct {
 	buf bytes.Buffer
 	on  bool
 	t0  cpuSample
+
+	dir  string // -cpu-split-dir: where save writes the last round's profile
+	last []byte // the last finished round's profile, until save
 }
 
 // newCPUSplitter returns the splitter of w, or nil unless -cpu-split is on
@@ -160,7 +164,13 @@ func newCPUSplitter(e *Env, w *Workload) *cpuSplitter {
 	if !e.Opt.CPUSplit || (w.Name != "producer" && w.Name != "consumer") {
 		return nil
 	}
-	s := &cpuSplitter{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker)}
+	s := &cpuSplitter{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker), dir: e.Opt.CPUSplitDir}
+	if s.dir != "" {
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			s.note(w, fmt.Errorf("cpu split: %w", err))
+			s.dir = ""
+		}
+	}
 	if s.meter.dbPID == 0 {
 		w.Notes = append(w.Notes, "cpu split: no process listening on "+e.S.DBAddr()+" found in /proc: no database column")
 	}
@@ -201,6 +211,9 @@ func (s *cpuSplitter) finishOps(w *Workload, r *Round, ops int64) {
 	pprof.StopCPUProfile()
 	d := s.meter.sample().sub(s.t0)
 	s.on = false
+	if s.dir != "" {
+		s.last = bytes.Clone(s.buf.Bytes())
+	}
 	p, err := profile.Parse(&s.buf)
 	if err != nil {
 		s.note(w, fmt.Errorf("cpu split: parse profile: %w", err))
@@ -219,6 +232,39 @@ func (s *cpuSplitter) finishOps(w *Workload, r *Round, ops int64) {
 	}
 	addCPUSplit(r.Extra, parts, d, d.self, ops)
 	r.Extra[extraCPUSamples] = float64(samples)
+}
+
+// save writes the last finished round's profile (-cpu-split-dir) as
+// <workload>-<side>-r<round>.pprof, the side's name in lower case with
+// every run of other characters than letters and digits as one '-'.
+func (s *cpuSplitter) save(w *Workload, side string, round int) {
+	if s == nil || s.dir == "" || s.last == nil {
+		return
+	}
+	name := filepath.Join(s.dir, fmt.Sprintf("%s-%s-r%d.pprof", w.Name, profileSlug(side), round))
+	if err := os.WriteFile(name, s.last, 0o644); err != nil {
+		s.note(w, fmt.Errorf("cpu split: %w", err))
+	}
+	s.last = nil
+}
+
+// profileSlug is side as a file name part: "rmqtx first delivery,
+// NoCrashCount" is "rmqtx-first-delivery-nocrashcount".
+func profileSlug(side string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(side) {
+		if ('a' <= r && r <= 'z') || ('0' <= r && r <= '9') {
+			if dash && b.Len() > 0 {
+				b.WriteByte('-')
+			}
+			b.WriteRune(r)
+			dash = false
+			continue
+		}
+		dash = true
+	}
+	return b.String()
 }
 
 func (s *cpuSplitter) note(w *Workload, err error) {

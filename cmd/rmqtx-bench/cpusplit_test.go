@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -250,4 +252,34 @@ func TestCPUSplitProfilesARound(t *testing.T) {
 	require.Contains(t, w.Notes[0], "cpu split:")
 	o.finish(w, &Round{Count: 1})
 	s.finish(w, &Round{Count: 1})
+}
+
+// -cpu-split-dir: save writes the last finished round's profile under the
+// side's name, once; a round that was not profiled writes nothing.
+func TestCPUSplitSavesRoundProfile(t *testing.T) {
+	dir := t.TempDir()
+	s := &cpuSplitter{dir: dir}
+	w := &Workload{Name: "consumer"}
+	s.begin(w)
+	require.NotZero(t, spin(100*time.Millisecond))
+	s.finish(w, &Round{Count: 10})
+	s.save(w, "rmqtx first delivery, NoCrashCount", 2)
+	s.save(w, "raw handler", 2) // nothing finished since the last save
+	require.Empty(t, w.Notes)
+
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, "consumer-rmqtx-first-delivery-nocrashcount-r2.pprof", entries[0].Name())
+	f, err := os.Open(filepath.Join(dir, entries[0].Name()))
+	require.NoError(t, err)
+	defer func() { _ = f.Close() }()
+	p, err := profile.Parse(f)
+	require.NoError(t, err)
+	require.NotEmpty(t, p.Sample, "100 ms of busy loop at 100 Hz")
+
+	var none *cpuSplitter // without -cpu-split
+	none.save(w, "raw handler", 1)
+	require.Equal(t, "raw-batch-handler-no-dedup", profileSlug("raw batch handler (no dedup)"))
+	require.Equal(t, "rmqtx-duplicate-hit-cold-db", profileSlug("rmqtx duplicate hit, cold (DB)"))
 }

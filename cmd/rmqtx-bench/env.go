@@ -405,14 +405,32 @@ func (e *Env) handLogInsertSQL(table string) string {
 
 // handDedupTable creates the raw consumer's hand-written dedup table.
 func (e *Env) handDedupTable(ctx context.Context, name string) error {
+	return e.dedupTable(ctx, name, false)
+}
+
+// checkedDedupTable creates the dedup table of the hand-written handler
+// that does rmqtx's first-delivery work: the row also keeps the event's
+// type and its payload's SHA-256, so that a duplicate with another payload
+// is told apart from a redelivery.
+func (e *Env) checkedDedupTable(ctx context.Context, name string) error {
+	return e.dedupTable(ctx, name, true)
+}
+
+// dedupTable creates a hand-written dedup table keyed by (group, event id),
+// with the event type and payload hash columns when checked.
+func (e *Env) dedupTable(ctx context.Context, name string, checked bool) error {
+	cols := ""
+	if checked {
+		cols = "\n  event_type VARCHAR(128) NOT NULL,\n  request_hash CHAR(64) NOT NULL,"
+	}
 	return e.createTable(ctx, name, `CREATE TABLE `+name+` (
   consumer_group VARCHAR(255) NOT NULL,
-  event_id VARCHAR(64) NOT NULL,
+  event_id VARCHAR(64) NOT NULL,`+cols+`
   created_at DATETIME(6) NOT NULL,
   PRIMARY KEY (consumer_group, event_id)
 ) ENGINE=InnoDB`, `CREATE TABLE `+name+` (
   consumer_group VARCHAR(255) NOT NULL,
-  event_id VARCHAR(64) NOT NULL,
+  event_id VARCHAR(64) NOT NULL,`+cols+`
   created_at TIMESTAMPTZ(6) NOT NULL,
   PRIMARY KEY (consumer_group, event_id)
 )`)
@@ -425,6 +443,31 @@ func (e *Env) handDedupInsertSQL(table string) string {
 		return e.rawSQL("INSERT INTO " + table + " (consumer_group, event_id, created_at) VALUES (?, ?, now()) ON CONFLICT DO NOTHING")
 	}
 	return "INSERT IGNORE INTO " + table + " (consumer_group, event_id, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
+}
+
+// checkedDedupSQL returns the checked handler's two statements: the dedup
+// row unless it is there (1 row affected for a first delivery, 0 for a
+// duplicate), and the locking read of a duplicate's stored hash.
+func (e *Env) checkedDedupSQL(table string) (insert, storedHash string) {
+	if e.pg() {
+		return e.rawSQL("INSERT INTO " + table + " (consumer_group, event_id, event_type, request_hash, created_at) VALUES (?, ?, ?, ?, now()) ON CONFLICT DO NOTHING"),
+			e.rawSQL("SELECT request_hash FROM " + table + " WHERE consumer_group = ? AND event_id = ? FOR SHARE")
+	}
+	return "INSERT IGNORE INTO " + table + " (consumer_group, event_id, event_type, request_hash, created_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6))",
+		"SELECT request_hash FROM " + table + " WHERE consumer_group = ? AND event_id = ? LOCK IN SHARE MODE"
+}
+
+// checkedHashMismatches counts the checked handler's dedup rows whose
+// stored hash is not the SHA-256 of the payload its business row holds,
+// computed by the database.
+func (e *Env) checkedHashMismatches(ctx context.Context, dedup, business string) (int, error) {
+	sum := "LOWER(SHA2(b.payload, 256))"
+	if e.pg() {
+		sum = "encode(sha256(b.payload), 'hex')"
+	}
+	var n int
+	err := e.DB.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+dedup+" d JOIN "+business+" b ON b.event_id = d.event_id WHERE d.request_hash <> "+sum)
+	return n, err
 }
 
 // dropTxlogIndexes drops the txlog's two secondary indexes (the

@@ -210,6 +210,7 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 			res := s.run(ctx, o.Concurrency, o.Duration, o.N, false)
 			ro := res.Round(r + 1)
 			split.finish(w, &ro)
+			split.save(w, name, r+1)
 			ps := s.probe.finish(&ro)
 			s.side.Rounds = append(s.side.Rounds, ro)
 			e.Log("  round %d %-32s %8.1f %s p50 %.2fms p99 %.2fms p99.9 %.2fms errors %d", r+1, name, ro.Rate, s.side.Unit, ro.P50Ms, ro.P99Ms, ro.P999Ms, ro.Errors)

@@ -218,4 +218,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	require.Contains(t, errb.String(), "unknown workload")
 	errb.Reset()
 	require.Equal(t, 2, run([]string{"-concurrency", "0"}, &out, &errb))
+	errb.Reset()
+	require.Equal(t, 2, run([]string{"-cpu-split-dir", t.TempDir()}, &out, &errb))
+	require.Contains(t, errb.String(), "-cpu-split-dir needs -cpu-split")
 }

@@ -14,13 +14,17 @@
 //	rmqtx      consumer.Processor.Process (NoCrashCount, no version guard): the same four statements
 //	hand-burn  hand, then -burn µs of client CPU per event after the commit (the database's work is unchanged)
 //	hand-timeout  hand, each transaction under its own 30 s deadline, as the Processor's ProcessTimeout puts it
+//	hand-checked  the hand-written transaction doing the Processor's work: the message's properties map (as rmqtx gets it),
+//	              its id and type read and checked, the payload's SHA-256 checked against the declared one and kept in the
+//	              dedup row with the type, a duplicate's stored hash read and compared, a 30 s deadline
 //
 // Modes alternate within each round. A round prints the events per second,
 // the database server's CPU per event (user + system of the postmaster and
 // its children, from /proc) and this process's, and this process's
 // allocations per event (count and bytes); the end prints medians
-// and, for every mode, its per-round difference in database CPU from
-// hand's (paired: the same round).
+// and, for every other mode, its per-round differences from the first
+// mode of -modes (paired: the same round): database CPU, this process's
+// CPU, and the rate as a ratio.
 //
 // Usage (as root, services up):
 //
@@ -33,6 +37,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -74,7 +79,7 @@ func run() error {
 	n := flag.Int("n", 20000, "events per mode and round")
 	g := flag.Int("g", 8, "goroutines (each with a connection)")
 	rounds := flag.Int("rounds", 6, "rounds; modes alternate within each")
-	modesFlag := flag.String("modes", "hand,hand-log,rmqtx", "comma-separated modes: hand, hand-log, rmqtx, hand-burn, hand-timeout")
+	modesFlag := flag.String("modes", "hand,hand-log,rmqtx", "comma-separated modes: hand, hand-log, rmqtx, hand-burn, hand-timeout, hand-checked")
 	burnUS := flag.Int("burn", 60, "hand-burn: client CPU per event, in µs")
 	pidFile := flag.String("pidfile", ".run/postgres/data/postmaster.pid", "the postmaster's pid file (scripts/services.sh's)")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -101,7 +106,7 @@ func run() error {
 	}
 	modes := strings.Split(*modesFlag, ",")
 	for _, m := range modes {
-		if !slices.Contains([]string{"hand", "hand-log", "rmqtx", "hand-burn", "hand-timeout"}, m) {
+		if !slices.Contains([]string{"hand", "hand-log", "rmqtx", "hand-burn", "hand-timeout", "hand-checked"}, m) {
 			return fmt.Errorf("unknown mode %q", m)
 		}
 	}
@@ -130,9 +135,10 @@ func run() error {
 	if err := schema.MigrateAll(ctx, db, prefix); err != nil {
 		return err
 	}
-	hand, logCopy := tag+"_hand", tag+"_logcopy"
+	hand, logCopy, checked := tag+"_hand", tag+"_logcopy", tag+"_checked"
 	ddl := []string{
 		`CREATE TABLE ` + hand + ` (consumer_group VARCHAR(255) NOT NULL, event_id VARCHAR(64) NOT NULL, created_at TIMESTAMPTZ(6) NOT NULL, PRIMARY KEY (consumer_group, event_id))`,
+		`CREATE TABLE ` + checked + ` (consumer_group VARCHAR(255) NOT NULL, event_id VARCHAR(64) NOT NULL, event_type VARCHAR(128) NOT NULL, request_hash CHAR(64) NOT NULL, created_at TIMESTAMPTZ(6) NOT NULL, PRIMARY KEY (consumer_group, event_id))`,
 		`CREATE TABLE ` + logCopy + ` (LIKE ` + prefix + `consume_log INCLUDING ALL)`,
 	}
 	business := map[string]string{}
@@ -144,7 +150,7 @@ func run() error {
 			`CREATE INDEX `+t+`_event ON `+t+` (event_id)`)
 	}
 	defer func() {
-		tables := []string{hand, logCopy}
+		tables := []string{hand, logCopy, checked}
 		for _, t := range business {
 			tables = append(tables, t)
 		}
@@ -161,6 +167,9 @@ func run() error {
 		payload[i] = 'a' + byte(i%26)
 	}
 	hash := wire.Hash(payload)
+	// A message as the client hands it over: its own properties map (the
+	// payload's hash computed once, not per event).
+	template := wire.Envelope{EventID: "-", EventType: eventType}.Properties(payload)
 
 	type figures struct{ rate, db, self, allocs, bytes float64 }
 	results := map[string][]figures{}
@@ -181,9 +190,6 @@ func run() error {
 				if err != nil {
 					return err
 				}
-				// A message as the client hands it over: its own properties
-				// map (the payload's hash computed once, not per event).
-				template := wire.Envelope{EventID: "-", EventType: eventType}.Properties(payload)
 				work = func(ctx context.Context, id string) error {
 					props := maps.Clone(template)
 					props[wire.PropEventID] = id
@@ -192,6 +198,49 @@ func run() error {
 						return fmt.Errorf("event %s: %s: %w", id, out.Result, out.Err)
 					}
 					return nil
+				}
+			case "hand-checked":
+				dedup := "INSERT INTO " + checked + " (consumer_group, event_id, event_type, request_hash, created_at) VALUES ($1, $2, $3, $4, CURRENT_TIMESTAMP(6)) ON CONFLICT DO NOTHING"
+				stored := "SELECT request_hash FROM " + checked + " WHERE consumer_group = $1 AND event_id = $2 FOR SHARE"
+				work = func(ctx context.Context, id string) error {
+					props := maps.Clone(template)
+					props[wire.PropEventID] = id
+					ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					defer cancel()
+					id, typ := props[wire.PropEventID], props[wire.PropEventType]
+					if id == "" || typ != eventType {
+						return fmt.Errorf("event %q: no id or an unknown type", id)
+					}
+					sum := sha256.Sum256(payload)
+					h := hex.EncodeToString(sum[:])
+					if d := props[wire.PropPayloadHash]; d != "" && !strings.EqualFold(d, h) {
+						return fmt.Errorf("event %s: the payload is not the declared one", id)
+					}
+					tx, err := db.BeginTxx(ctx, nil)
+					if err != nil {
+						return err
+					}
+					res, err := tx.ExecContext(ctx, dedup, group, id, typ, h)
+					if err != nil {
+						_ = tx.Rollback()
+						return err
+					}
+					if n, err := res.RowsAffected(); err != nil || n == 0 {
+						var got string
+						if err == nil {
+							err = tx.GetContext(ctx, &got, stored, group, id)
+						}
+						_ = tx.Rollback()
+						if err != nil {
+							return err
+						}
+						return fmt.Errorf("event %s: a duplicate (the same hash: %t), each event is new here", id, got == h)
+					}
+					if _, err := tx.ExecContext(ctx, insert, id, int64(len(payload)), payload); err != nil {
+						_ = tx.Rollback()
+						return err
+					}
+					return tx.Commit()
 				}
 			default:
 				dedup := "INSERT INTO " + hand + " (consumer_group, event_id, created_at) VALUES ($1, $2, CURRENT_TIMESTAMP(6)) ON CONFLICT DO NOTHING"
@@ -290,16 +339,28 @@ func run() error {
 		line := fmt.Sprintf("  %-9s %7.0f events/s  database %6.1f µs/event  pgcpu %6.1f µs/event  %5.1f allocs/event  %6.0f B/event",
 			m, med(func(f figures) float64 { return f.rate }), med(func(f figures) float64 { return f.db }), med(func(f figures) float64 { return f.self }),
 			med(func(f figures) float64 { return f.allocs }), med(func(f figures) float64 { return f.bytes }))
-		if h, ok := results["hand"]; ok && m != "hand" {
-			d := make([]float64, len(fs))
-			higher := 0
-			for i := range fs {
-				d[i] = fs[i].db - h[i].db
-				if d[i] > 0 {
-					higher++
+		if base := modes[0]; m != base {
+			h := results[base]
+			paired := func(get func(figures) float64, ratio bool) (float64, int) {
+				d := make([]float64, len(fs))
+				higher := 0
+				for i := range fs {
+					if ratio {
+						d[i] = get(fs[i]) / get(h[i])
+					} else {
+						d[i] = get(fs[i]) - get(h[i])
+					}
+					if (ratio && d[i] > 1) || (!ratio && d[i] > 0) {
+						higher++
+					}
 				}
+				return median(d), higher
 			}
-			line += fmt.Sprintf("  database - hand's, paired: median %+.1f µs, higher in %d of %d rounds", median(d), higher, len(d))
+			dbD, dbN := paired(func(f figures) float64 { return f.db }, false)
+			selfD, selfN := paired(func(f figures) float64 { return f.self }, false)
+			rateR, _ := paired(func(f figures) float64 { return f.rate }, true)
+			line += fmt.Sprintf("\n      against %s, paired medians of %d rounds: rate %.2fx, database %+.1f µs (higher in %d), pgcpu %+.1f µs (higher in %d)",
+				base, len(fs), rateR, dbD, dbN, selfD, selfN)
 		}
 		fmt.Println(line)
 	}

@@ -159,9 +159,9 @@ type cpuSplitter struct {
 }
 
 // newCPUSplitter returns the splitter of w, or nil unless -cpu-split is on
-// and w is the producer or the consumer workload.
+// and w is the producer, the localtx or the consumer workload.
 func newCPUSplitter(e *Env, w *Workload) *cpuSplitter {
-	if !e.Opt.CPUSplit || (w.Name != "producer" && w.Name != "consumer") {
+	if !e.Opt.CPUSplit || (w.Name != "producer" && w.Name != "localtx" && w.Name != "consumer") {
 		return nil
 	}
 	s := &cpuSplitter{meter: newCPUMeter(e.S.DBAddr(), e.S.Broker), dir: e.Opt.CPUSplitDir}

@@ -470,6 +470,47 @@ func (e *Env) checkedHashMismatches(ctx context.Context, dedup, business string)
 	return n, err
 }
 
+// txlogShape describes how a transaction log's rows are filled, apart
+// from their ids and times: the lowest and highest value of each column
+// that a run fills alike, the range of the payload's and the properties'
+// lengths, and how many rows lack a hash, a payload or properties, or
+// differ from a plain Send's row (a recovery column or a business key set,
+// keys other than the id).
+func (e *Env) txlogShape(ctx context.Context, table string) (string, error) {
+	var vals []string
+	for _, c := range []string{"producer_group", "topic", "tags", "event_type", "state", "resolved_by"} {
+		vals = append(vals, "MIN("+c+")", "MAX("+c+")")
+	}
+	for _, x := range []string{
+		"SUM(CASE WHEN LENGTH(payload_hash) = 64 THEN 0 ELSE 1 END)", "SUM(CASE WHEN payload IS NULL THEN 1 ELSE 0 END)",
+		"SUM(CASE WHEN properties IS NULL THEN 1 ELSE 0 END)",
+		"SUM(CASE WHEN recovered_at IS NULL AND recovery_decision IS NULL AND recovery_note IS NULL AND business_key = '' AND msg_keys = event_id THEN 0 ELSE 1 END)",
+		"MIN(LENGTH(payload))", "MAX(LENGTH(payload))", "MIN(LENGTH(properties))", "MAX(LENGTH(properties))",
+	} {
+		vals = append(vals, "COALESCE("+x+", -1)")
+	}
+	row, err := e.DB.QueryxContext(ctx, "SELECT "+strings.Join(vals, ", ")+" FROM "+table)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = row.Close() }()
+	if !row.Next() {
+		return "", fmt.Errorf("txlog shape of %s: no row", table)
+	}
+	got, err := row.SliceScan()
+	if err != nil {
+		return "", err
+	}
+	out := make([]string, len(got))
+	for i, v := range got {
+		if b, ok := v.([]byte); ok {
+			v = string(b)
+		}
+		out[i] = fmt.Sprint(v)
+	}
+	return strings.Join(out, " "), row.Err()
+}
+
 // dropTxlogIndexes drops the txlog's two secondary indexes (the
 // -txlog-no-index experiment).
 func (e *Env) dropTxlogIndexes(ctx context.Context, t string) error {

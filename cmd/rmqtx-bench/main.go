@@ -116,7 +116,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
 	fs.DurationVar(&opt.NetDelay, "net-delay", 0, "every side reaches the database, the name server and the brokers through loopback delay proxies adding this much each way, e.g. 0.5ms (0: direct)")
 	fs.BoolVar(&opt.Phases, "phases", false, "producer: add a side \"rmqtx Send + phase spans\" (every span sampled, kept in memory) whose spans give each Send's half/local/end breakdown and breaks the raw tx sides down too (off by default: the raw sides then run exactly what a user writes)")
-	fs.BoolVar(&opt.CPUSplit, "cpu-split", false, "producer, consumer: profile each side's every round and split the CPU per committed Send or processed message into rmqtx, client, sql+driver, bench, runtime/other, broker and database (not with -cpuprofile)")
+	fs.BoolVar(&opt.CPUSplit, "cpu-split", false, "producer, localtx, consumer: profile each side's every round and split the CPU per committed Send, local transaction or processed message into rmqtx, client, sql+driver, bench, runtime/other, broker and database (not with -cpuprofile)")
 	fs.StringVar(&opt.CPUSplitDir, "cpu-split-dir", "", "with -cpu-split: also write each side's round profile to this folder as <workload>-<side>-r<round>.pprof (go tool pprof -diff_base compares two sides)")
 	fs.BoolVar(&opt.Java, "java", false, "producer: add sides \"java tx producer\" and \"java tx producer + log\": a Java TransactionMQProducer over JDBC (interop/java BenchTx, built by scripts/interop-java.sh: needs OpenJDK 17 and Maven)")
 	fs.StringVar(&opt.JavaJDBC, "java-jdbc-params", "", "producer, -java: extra JDBC URL parameters for the Java sides, e.g. useServerPrepStmts=true (MariaDB Connector/J) or prepareThreshold=1 (PostgreSQL)")
@@ -314,17 +314,19 @@ const (
 	sideRmqtxTraced = "rmqtx Send + tracing"
 	sideRmqtxPhases = "rmqtx Send + phase spans"
 
-	sideRawHandler    = "raw handler"
-	sideRawDedup      = "raw handler + dedup"
-	sideRawChecked    = "raw handler + checked dedup"
-	sideFirst         = "rmqtx first delivery"
-	sideBatch         = "rmqtx batch mode"
-	sideDupCold       = "rmqtx duplicate hit, cold (DB)"
-	sideDupWarm       = "rmqtx duplicate hit, warm (cache)"
-	sideNoopHandler   = "raw no-op handler (ceiling)"
-	sideFirstNoCount  = "rmqtx first delivery, NoCrashCount"
-	sideRawBatchDedup = "raw batch handler + dedup"
-	sideBatchNoCount  = "rmqtx batch mode, NoCrashCount"
+	sideRawHandler = "raw handler"
+	sideRawDedup   = "raw handler + dedup"
+	sideRawChecked = "raw handler + checked dedup"
+
+	sideLocalRowByHand = "raw + rmqtx's row by hand (no broker)"
+	sideFirst          = "rmqtx first delivery"
+	sideBatch          = "rmqtx batch mode"
+	sideDupCold        = "rmqtx duplicate hit, cold (DB)"
+	sideDupWarm        = "rmqtx duplicate hit, warm (cache)"
+	sideNoopHandler    = "raw no-op handler (ceiling)"
+	sideFirstNoCount   = "rmqtx first delivery, NoCrashCount"
+	sideRawBatchDedup  = "raw batch handler + dedup"
+	sideBatchNoCount   = "rmqtx batch mode, NoCrashCount"
 
 	sideOutboxRaw  = "raw SendSync"
 	sideOutboxOne  = "rmqtx dispatcher x1"
@@ -369,6 +371,8 @@ func addRatios(w *Workload) {
 	case "localtx":
 		w.AddRatio("rmqtx local tx / raw local tx", "rmqtx local tx (no broker)", "raw local tx (no broker)", 0)
 		w.AddRatio("rmqtx local tx / raw + hand-written log", "rmqtx local tx (no broker)", "raw + hand-written log (no broker)", 0)
+		w.AddRatio("rmqtx local tx / raw + rmqtx's row by hand", "rmqtx local tx (no broker)", sideLocalRowByHand, 0)
+		w.AddRatio("raw + rmqtx's row by hand / raw + hand-written log", sideLocalRowByHand, "raw + hand-written log (no broker)", 0)
 	case "consumer":
 		w.AddRatio("rmqtx first delivery / raw handler", sideFirst, sideRawHandler, targetFirst)
 		w.AddRatio("rmqtx first delivery / raw handler + dedup", sideFirst, sideRawDedup, targetFirstDedup)

@@ -629,7 +629,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked hand-written dedup business rows for %d (group, event) pairs", rows, int64(len(checked.Rounds))*int64(n)))
 	}
 	if bad, err := e.checkedHashMismatches(ctx, checkedDedup, checkedTable); err != nil || bad > 0 {
-		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked dedup rows whose hash is not their payload's SHA-256 (error: %v)", bad, err))
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked dedup rows without a business row whose payload has the stored SHA-256 (error: %v)", bad, err))
 	}
 	if k, b := checkedConflicts.Load(), checkedMalformed.Load(); k > 0 || b > 0 {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: raw handler + checked dedup saw %d payload-hash conflicts and %d payloads unlike their declared hash (the run has none)", k, b))

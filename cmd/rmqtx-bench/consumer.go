@@ -87,6 +87,16 @@ func measureDrain(ctx context.Context, e *Env, index int, want int64, start func
 // message a duplicate hit of the first-delivery group: warm, by the very
 // Processor that applied them (its dedup cache answers), and cold, by a new
 // consumer instance of the group (the database answers).
+// checkedWork is what one checked hand-written side runs: its dedup row's
+// insert and the locking read of a stored hash, its business insert, and
+// what it saw of duplicates, conflicts and payloads unlike their hash.
+type checkedWork struct {
+	row, hash, insert          string
+	dups, conflicts, malformed atomic.Int64
+}
+
+func newCheckedWork(row, hash string) *checkedWork { return &checkedWork{row: row, hash: hash} }
+
 func runConsumer(ctx context.Context, e *Env) *Workload {
 	o := e.Opt
 	n := o.Messages
@@ -107,7 +117,10 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	firstNC := &Side{Name: sideFirstNoCount, Unit: "msgs/s", Description: "the same as rmqtx first delivery with ProcessorConfig.NoCrashCount: no attempt counted before the handler (a handler that kills its process is then redelivered for as long as it does), so what the crash count costs shows"}
 	batchNC := &Side{Name: sideBatchNoCount, Unit: "msgs/s", Description: "the same as rmqtx batch mode with NoCrashCount"}
 	rawBatchDedup := &Side{Name: sideRawBatchDedup, Unit: "msgs/s", Description: fmt.Sprintf("the raw batch handler (up to %d messages at once) made idempotent by hand: BEGIN; per message INSERT IGNORE of the dedup row (group, event id) and the business INSERT unless it was there; COMMIT", consumer.DefaultBatchTxSize)}
-	w.Sides = []*Side{raw, rawDedup, checked, first, firstNC, batch, batchNC, rawBatch, rawBatchDedup, cold, warm, noop}
+	rowChecked := &Side{Name: sideRawRowChecked, Unit: "msgs/s", Description: "raw handler + checked dedup writing, by hand, the dedup row rmqtx's Processor writes: the same columns and values (status, retry count, both times from the database clock) into a table with rmqtx's consume-log schema and its index on updated_at"}
+	procRaw := &Side{Name: sideProcRaw, Unit: "msgs/s", Description: "rmqtx's Processor (the same configuration and handler as rmqtx first delivery) fed by the raw client's push consumer, one message per callback, as the raw sides are fed: MessageFromExt, Process, ACK unless a retry; so rmqtx's consumer without its push path (the stop gate, the order per key)"}
+	procBatchRaw := &Side{Name: sideProcBatchRaw, Unit: "msgs/s", Description: fmt.Sprintf("rmqtx's Processor.ProcessBatch (the same handler as rmqtx batch mode) fed by the raw client's push consumer handing over up to %d messages at once: the batch shares one transaction and one dedup INSERT; so batch mode without its push path (the stop gate, the order per key and its rounds)", consumer.DefaultBatchTxSize)}
+	w.Sides = []*Side{raw, rawDedup, checked, rowChecked, first, firstNC, procRaw, batch, batchNC, procBatchRaw, rawBatch, rawBatchDedup, cold, warm, noop}
 	drainSplit.s, drainSplit.w = newCPUSplitter(e, w), w // nil without -cpu-split
 	fail := func(err error) *Workload { w.Error = err.Error(); return w }
 
@@ -115,13 +128,24 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	rawTable, txTable, dedupTable := e.Names.Name("orders_rawc"), e.Names.Name("orders_rmqtxc"), e.Names.Name("orders_rawdc")
 	batchTable, rawBatchTable, rawBatchDedupTable := e.Names.Name("orders_batchc"), e.Names.Name("orders_rawbc"), e.Names.Name("orders_rawbdc")
 	handDedup, checkedDedup, checkedTable := e.Names.Name("handdedup"), e.Names.Name("checkdedup"), e.Names.Name("orders_rawck")
-	prefix := e.Names.Name("c") + "_"
+	procTable, procBatchTable, rowTable := e.Names.Name("orders_procc"), e.Names.Name("orders_procbc"), e.Names.Name("orders_rowck")
+	// Each rmqtx side has rmqtx's tables of its own, as each raw side has
+	// its own table: sides sharing one consume log would each pay for the
+	// others' rows (a deeper index, and autovacuum of a table several times
+	// the size of a raw side's). The duplicate sides read the first
+	// delivery's; the row by hand is written into a consume log of its own.
+	prefixOf := map[string]string{}
+	for side, kind := range map[string]string{sideFirst: "c", sideFirstNoCount: "cn", sideBatch: "cb", sideBatchNoCount: "cbn",
+		sideProcRaw: "cp", sideProcBatchRaw: "cpb", sideRawRowChecked: "r"} {
+		prefixOf[side] = e.Names.Name(kind) + "_"
+	}
+	prefix := prefixOf[sideFirst]
 	for _, t := range []string{topic, dupTopic} {
 		if err := e.CreateTopic(ctx, t, 4); err != nil {
 			return fail(err)
 		}
 	}
-	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable, rawBatchDedupTable, checkedTable} {
+	for _, t := range []string{rawTable, txTable, dedupTable, batchTable, rawBatchTable, rawBatchDedupTable, checkedTable, procTable, procBatchTable, rowTable} {
 		if err := e.businessTable(ctx, t); err != nil {
 			return fail(err)
 		}
@@ -132,9 +156,12 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	if err := e.checkedDedupTable(ctx, checkedDedup); err != nil {
 		return fail(err)
 	}
-	if err := schema.MigrateAll(ctx, e.DB, prefix); err != nil {
-		return fail(fmt.Errorf("consumer migrate: %w", err))
+	for _, p := range prefixOf {
+		if err := schema.MigrateAll(ctx, e.DB, p); err != nil {
+			return fail(fmt.Errorf("consumer migrate: %w", err))
+		}
 	}
+	rowLog := prefixOf[sideRawRowChecked] + consumer.ConsumeLogTable
 
 	// Preload: the same N events (rmqtx envelope) into both topics.
 	p, err := e.newRawProducer(e.Names.Name("cpre"), 2)
@@ -302,10 +329,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	// conflict or a payload unlike its declared hash would be parked by
 	// rmqtx; here each is counted, and the run has none, so the check below
 	// fails on any.
-	checkedRow, checkedHash := e.checkedDedupSQL(checkedDedup)
-	checkedInsert := e.insertOrderSQL(checkedTable)
-	var checkedDups, checkedConflicts, checkedMalformed atomic.Int64
-	startRawChecked := func(group string) func() (*drain, error) {
+	checkedSQL, rowSQL := newCheckedWork(e.checkedDedupSQL(checkedDedup)), newCheckedWork(e.rowDedupSQL(rowLog))
+	checkedSQL.insert, rowSQL.insert = e.insertOrderSQL(checkedTable), e.insertOrderSQL(rowTable)
+	startRawChecked := func(group string, cw *checkedWork) func() (*drain, error) {
 		return startOneSide(group, func(ctx context.Context, m *primitive.MessageExt) (bool, error) {
 			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
@@ -316,32 +342,97 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 			sum := sha256.Sum256(m.Body)
 			hash := hex.EncodeToString(sum[:])
 			if declared := m.GetProperty(wire.PropPayloadHash); declared != "" && !strings.EqualFold(declared, hash) {
-				checkedMalformed.Add(1)
+				cw.malformed.Add(1)
 				return false, nil
 			}
 			return inTx(ctx, func(tx *sqlx.Tx) (bool, error) {
-				res, err := tx.ExecContext(ctx, checkedRow, group, id, typ, hash)
+				res, err := tx.ExecContext(ctx, cw.row, group, id, typ, hash)
 				if err != nil {
 					return false, err
 				}
 				if n, err := res.RowsAffected(); err != nil || n == 0 {
 					var stored string
 					if err == nil {
-						err = tx.GetContext(ctx, &stored, checkedHash, group, id)
+						err = tx.GetContext(ctx, &stored, cw.hash, group, id)
 					}
 					switch {
 					case err != nil:
 					case stored != hash:
-						checkedConflicts.Add(1)
+						cw.conflicts.Add(1)
 					default:
-						checkedDups.Add(1)
+						cw.dups.Add(1)
 					}
 					return false, err // a duplicate or a conflict: ACK without the effect
 				}
-				_, err = tx.ExecContext(ctx, checkedInsert, id, int64(len(m.Body)), m.Body)
+				_, err = tx.ExecContext(ctx, cw.insert, id, int64(len(m.Body)), m.Body)
 				return true, err
 			})
 		})
+	}
+	// newProc is a Processor configured as the rmqtx sides' consumers
+	// configure theirs, on the rmqtx tables of prefix, whose handler writes
+	// the business row into table.
+	newProc := func(group, prefix, table string) (*consumer.Processor, error) {
+		insert := e.insertOrderSQL(table)
+		return consumer.NewProcessor(consumer.ProcessorConfig{
+			Group: group, DB: e.DB, TablePrefix: prefix, VersionMode: consumer.VersionNone,
+			Routes: map[string]consumer.Route{benchEventType: {Handler: func(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) error {
+				_, err := tx.ExecContext(ctx, insert, ev.ID, int64(len(ev.Payload)), ev.Payload)
+				return err
+			}}},
+		})
+	}
+	// notAcked is the error a raw-fed Processor side hands back for an
+	// outcome that is not an ACK (the client then redelivers the message).
+	notAcked := func(o consumer.Outcome) error { return fmt.Errorf("%s: %w", o.Result, o.Err) }
+	// startProcRaw feeds a Processor the way the raw sides are fed.
+	startProcRaw := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			proc, err := newProc(group, prefixOf[sideProcRaw], procTable)
+			if err != nil {
+				return nil, err
+			}
+			return startOneSide(group, func(ctx context.Context, m *primitive.MessageExt) (bool, error) {
+				out := proc.Process(ctx, consumer.MessageFromExt(m))
+				if !out.Ack() {
+					return false, notAcked(out)
+				}
+				return out.Result == consumer.ResultApplied, nil
+			})()
+		}
+	}
+	// startProcBatchRaw feeds ProcessBatch the batches the raw batch
+	// consumer hands over; a batch with an outcome that is not an ACK is
+	// handed back whole (its applied events come back as duplicates).
+	startProcBatchRaw := func(group string) func() (*drain, error) {
+		return func() (*drain, error) {
+			proc, err := newProc(group, prefixOf[sideProcBatchRaw], procBatchTable)
+			if err != nil {
+				return nil, err
+			}
+			var c atomic.Int64
+			pc, err := e.rawBatchConsumer(group, topic, o.Concurrency, consumer.DefaultBatchTxSize, func(ctx context.Context, msgs []*primitive.MessageExt) error {
+				in := make([]consumer.Message, len(msgs))
+				for i, m := range msgs {
+					in[i] = consumer.MessageFromExt(m)
+				}
+				var applied int64
+				for _, out := range proc.ProcessBatch(ctx, in) {
+					if !out.Ack() {
+						return notAcked(out)
+					}
+					if out.Result == consumer.ResultApplied {
+						applied++
+					}
+				}
+				c.Add(applied)
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &drain{count: c.Load, stop: func() { _ = pc.Shutdown() }}, nil
+		}
 	}
 	batchInsert := e.insertOrderSQL(batchTable)
 	// batchTxs counts the transactions the batch handler ran in (the
@@ -358,7 +449,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		_, err := tx.ExecContext(ctx, batchInsert, ev.ID, int64(len(ev.Payload)), ev.Payload)
 		return err
 	}
-	startBatch := func(group string, noCount bool) func() (*drain, error) {
+	// startBatch runs a consumer.Consumer in batch mode on the rmqtx
+	// tables of prefix.
+	startBatch := func(group, prefix string, noCount bool) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
 				Group: group, DB: e.DB, TablePrefix: prefix, NoCrashCount: noCount,
@@ -393,8 +486,9 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		return nil
 	}
 	// startRmqtx runs a new consumer.Consumer (a new instance: empty dedup
-	// cache); keep, when set, receives it (its Processor outlives Shutdown).
-	startRmqtx := func(group, t string, duplicates, noCount bool, keep func(*consumer.Consumer)) func() (*drain, error) {
+	// cache) on the rmqtx tables of prefix; keep, when set, receives it (its
+	// Processor outlives Shutdown).
+	startRmqtx := func(group, prefix, t string, duplicates, noCount bool, keep func(*consumer.Consumer)) func() (*drain, error) {
 		return func() (*drain, error) {
 			c, err := consumer.New(consumer.Config{
 				Group: group, DB: e.DB, TablePrefix: prefix, NoCrashCount: noCount,
@@ -464,13 +558,14 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		if _, err := measureDrain(ctx, e, 0, int64(n), startRaw(e.Names.Name("cwarmraw"))); err != nil {
 			return fail(fmt.Errorf("warm-up raw: %w", err))
 		}
-		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), topic, false, false, nil)); err != nil {
+		if _, err := measureDrain(ctx, e, 0, int64(n), startRmqtx(e.Names.Name("cwarmtx"), prefix, topic, false, false, nil)); err != nil {
 			return fail(fmt.Errorf("warm-up rmqtx: %w", err))
 		}
 		e.Log("  warm-up done")
 	}
 
-	order, dupOrder := []string{sideRawHandler, sideRawDedup, sideRawChecked, sideFirst, sideFirstNoCount, sideBatch, sideBatchNoCount, sideRawBatch, sideRawBatchDedup}, []string{sideDupWarm, sideDupCold}
+	order := []string{sideRawHandler, sideRawDedup, sideRawChecked, sideRawRowChecked, sideFirst, sideFirstNoCount, sideProcRaw, sideBatch, sideBatchNoCount, sideProcBatchRaw, sideRawBatch, sideRawBatchDedup}
+	dupOrder := []string{sideDupWarm, sideDupCold}
 	logRound := func(r int, name string, ro Round) {
 		cpu := fmt.Sprintf(", cpu/msg: bench %.0fus", ro.Extra["bench_cpu_us_per_msg"])
 		if v, ok := ro.Extra["db_cpu_us_per_msg"]; ok {
@@ -482,14 +577,29 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 		if v, ok := ro.Extra["events_per_tx"]; ok {
 			cpu += fmt.Sprintf(", %.1f events per transaction", v)
 		}
-		e.Log("  round %d %-34s %8.1f msgs/s (%.2fs, start-up %.2fs%s)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"], cpu)
+		e.Log("  round %d %-42s %8.1f msgs/s (%.2fs, start-up %.2fs%s)", r+1, name, ro.Rate, ro.Seconds, ro.Extra["startup_seconds"], cpu)
 		drainSplit.s.save(w, name, r+1)
 	}
 	var warmMisses, coldHits int64
 	for r := 0; r < o.Rounds && ctx.Err() == nil; r++ {
-		rawGroup, txGroup, dedupGroup, batchGroup := e.Names.Name("craw"), e.Names.Name("ctx"), e.Names.Name("crawd"), e.Names.Name("cbatch")
-		rawBatchGroup, ncGroup, ncBatchGroup, rawBatchDedupGroup := e.Names.Name("crawb"), e.Names.Name("cnc"), e.Names.Name("cncb"), e.Names.Name("crawbd")
-		checkedGroup := e.Names.Name("crawck")
+		// Every side drains into a fresh group of its own each round.
+		group := func(kind string) string { return e.Names.Name(kind) }
+		sides := map[string]struct {
+			side  *Side
+			start func() (*drain, error)
+		}{
+			sideRawHandler:    {raw, startRaw(group("craw"))},
+			sideRawDedup:      {rawDedup, startRawDedup(group("crawd"))},
+			sideRawChecked:    {checked, startRawChecked(group("crawck"), checkedSQL)},
+			sideRawRowChecked: {rowChecked, startRawChecked(group("crowck"), rowSQL)},
+			sideFirstNoCount:  {firstNC, startRmqtx(group("cnc"), prefixOf[sideFirstNoCount], topic, false, true, nil)},
+			sideProcRaw:       {procRaw, startProcRaw(group("cproc"))},
+			sideBatchNoCount:  {batchNC, startBatch(group("cncb"), prefixOf[sideBatchNoCount], true)},
+			sideProcBatchRaw:  {procBatchRaw, startProcBatchRaw(group("cprocb"))},
+			sideRawBatch:      {rawBatch, startRawBatch(group("crawb"))},
+			sideRawBatchDedup: {rawBatchDedup, startRawBatchDedup(group("crawbd"))},
+		}
+		txGroup, batchGroup := group("ctx"), group("cbatch")
 		var applier *consumer.Consumer // the first-delivery instance of this round
 		for _, name := range rotate(order, r) {
 			var (
@@ -497,26 +607,11 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				err error
 			)
 			switch name {
-			case sideRawHandler:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRaw(rawGroup))
-				if err == nil {
-					raw.Rounds = append(raw.Rounds, ro)
-				}
-			case sideFirstNoCount:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(ncGroup, topic, false, true, nil))
-				if err == nil {
-					firstNC.Rounds = append(firstNC.Rounds, ro)
-				}
-			case sideBatchNoCount:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(ncBatchGroup, true))
-				if err == nil {
-					batchNC.Rounds = append(batchNC.Rounds, ro)
-				}
 			case sideBatch:
 				batchMu.Lock()
 				clear(batchTxs)
 				batchMu.Unlock()
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(batchGroup, false))
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startBatch(batchGroup, prefixOf[sideBatch], false))
 				if err == nil {
 					batchMu.Lock()
 					if len(batchTxs) > 0 {
@@ -525,30 +620,16 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 					batchMu.Unlock()
 					batch.Rounds = append(batch.Rounds, ro)
 				}
-			case sideRawBatch:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawBatch(rawBatchGroup))
-				if err == nil {
-					rawBatch.Rounds = append(rawBatch.Rounds, ro)
-				}
-			case sideRawBatchDedup:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawBatchDedup(rawBatchDedupGroup))
-				if err == nil {
-					rawBatchDedup.Rounds = append(rawBatchDedup.Rounds, ro)
-				}
-			case sideRawDedup:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawDedup(dedupGroup))
-				if err == nil {
-					rawDedup.Rounds = append(rawDedup.Rounds, ro)
-				}
-			case sideRawChecked:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRawChecked(checkedGroup))
-				if err == nil {
-					checked.Rounds = append(checked.Rounds, ro)
-				}
-			default:
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, topic, false, false, func(c *consumer.Consumer) { applier = c }))
+			case sideFirst:
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, prefix, topic, false, false, func(c *consumer.Consumer) { applier = c }))
 				if err == nil {
 					first.Rounds = append(first.Rounds, ro)
+				}
+			default:
+				sd := sides[name]
+				ro, err = measureDrain(ctx, e, r+1, int64(n), sd.start)
+				if err == nil {
+					sd.side.Rounds = append(sd.side.Rounds, ro)
 				}
 			}
 			if err != nil {
@@ -574,7 +655,7 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 				}
 			} else {
 				var inst *consumer.Consumer
-				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, dupTopic, true, false, func(c *consumer.Consumer) { inst = c }))
+				ro, err = measureDrain(ctx, e, r+1, int64(n), startRmqtx(txGroup, prefix, dupTopic, true, false, func(c *consumer.Consumer) { inst = c }))
 				if err == nil {
 					ro.Extra["cache_hits"] = cacheHits(inst)
 					coldHits += int64(ro.Extra["cache_hits"])
@@ -625,17 +706,32 @@ func runConsumer(ctx context.Context, e *Env) *Workload {
 	if rows, err := e.countRows(ctx, rawBatchDedupTable); err == nil && int64(rows) != int64(len(rawBatchDedup.Rounds))*int64(n) {
 		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d hand-written batch dedup business rows for %d (group, event) pairs", rows, int64(len(rawBatchDedup.Rounds))*int64(n)))
 	}
-	if rows, err := e.countRows(ctx, checkedTable); err == nil && int64(rows) != int64(len(checked.Rounds))*int64(n) {
-		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked hand-written dedup business rows for %d (group, event) pairs", rows, int64(len(checked.Rounds))*int64(n)))
+	// The two checked hand-written sides: one business row per (group,
+	// event); every dedup row matched by its business row's payload hash;
+	// no conflict, no payload unlike its declared hash.
+	for _, c := range []struct {
+		what, dedup, table string
+		side               *Side
+		work               *checkedWork
+	}{{"raw handler + checked dedup", checkedDedup, checkedTable, checked, checkedSQL}, {"raw handler + rmqtx's dedup row by hand", rowLog, rowTable, rowChecked, rowSQL}} {
+		if rows, err := e.countRows(ctx, c.table); err == nil && int64(rows) != int64(len(c.side.Rounds))*int64(n) {
+			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %s: %d business rows for %d (group, event) pairs", c.what, rows, int64(len(c.side.Rounds))*int64(n)))
+		}
+		if bad, err := e.checkedHashMismatches(ctx, c.dedup, c.table); err != nil || bad > 0 {
+			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %s: %d dedup rows without a business row whose payload has the stored SHA-256 (error: %v)", c.what, bad, err))
+		}
+		if k, b := c.work.conflicts.Load(), c.work.malformed.Load(); k > 0 || b > 0 {
+			w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %s saw %d payload-hash conflicts and %d payloads unlike their declared hash (the run has none)", c.what, k, b))
+		}
+		if d := c.work.dups.Load(); d > 0 {
+			w.Notes = append(w.Notes, fmt.Sprintf("%s absorbed %d redeliveries", c.what, d))
+		}
 	}
-	if bad, err := e.checkedHashMismatches(ctx, checkedDedup, checkedTable); err != nil || bad > 0 {
-		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: %d checked dedup rows without a business row whose payload has the stored SHA-256 (error: %v)", bad, err))
-	}
-	if k, b := checkedConflicts.Load(), checkedMalformed.Load(); k > 0 || b > 0 {
-		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: raw handler + checked dedup saw %d payload-hash conflicts and %d payloads unlike their declared hash (the run has none)", k, b))
-	}
-	if d := checkedDups.Load(); d > 0 {
-		w.Notes = append(w.Notes, fmt.Sprintf("raw handler + checked dedup absorbed %d redeliveries", d))
+	// The row by hand is the row rmqtx writes: both logs filled alike.
+	if mine, err1 := e.consumeLogShape(ctx, prefix+consumer.ConsumeLogTable); err1 != nil {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: consume log shape: %v", err1))
+	} else if byHand, err2 := e.consumeLogShape(ctx, rowLog); err2 != nil || byHand != mine {
+		w.Notes = append(w.Notes, fmt.Sprintf("CHECK FAILED: the dedup rows written by hand are not filled as rmqtx fills its own: %q against %q (error: %v)", byHand, mine, err2))
 	}
 	if d := rawBatchDedupDups.Load(); d > 0 {
 		w.Notes = append(w.Notes, fmt.Sprintf("raw batch handler + dedup absorbed %d redeliveries", d))

@@ -22,6 +22,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/rmqtx/rmqtx/consumer"
+	"github.com/rmqtx/rmqtx/internal/dialect"
+	"github.com/rmqtx/rmqtx/internal/dropdb"
 	"github.com/rmqtx/rmqtx/internal/localenv"
 )
 
@@ -293,13 +296,11 @@ func (e *Env) Close(keep bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	drop := "DROP DATABASE IF EXISTS " + e.DBName
-	if e.pg() {
-		drop += " WITH (FORCE)" // a client the run left connected must not keep it
-	}
+	// Neither a client the run left connected nor an autovacuum worker
+	// may keep the database (package dropdb).
 	if keep {
 		e.Log("kept database %s", e.DBName)
-	} else if _, err := e.root.ExecContext(ctx, drop); err != nil {
+	} else if err := dropdb.Drop(ctx, e.root, e.DBName, e.pg()); err != nil {
 		e.Log("drop database %s: %v", e.DBName, err)
 	}
 	_ = e.root.Close()
@@ -457,18 +458,67 @@ func (e *Env) checkedDedupSQL(table string) (insert, storedHash string) {
 		"SELECT request_hash FROM " + table + " WHERE consumer_group = ? AND event_id = ? LOCK IN SHARE MODE"
 }
 
+// rowDedupSQL is checkedDedupSQL for log, a table with rmqtx's consume-log
+// schema: the insert writes the row the Processor writes for a first
+// delivery (its columns, its values, the database clock for both times);
+// only the conflict is handled as the checked handler handles it.
+func (e *Env) rowDedupSQL(log string) (insert, storedHash string) {
+	now := dialect.Must(e.DB).Now()
+	cols, vals := "consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at",
+		"?, ?, ?, ?, '"+consumer.StatusApplied+"', 0, "+now+", "+now
+	if e.pg() {
+		return e.rawSQL("INSERT INTO " + log + " (" + cols + ") VALUES (" + vals + ") ON CONFLICT DO NOTHING"),
+			e.rawSQL("SELECT request_hash FROM " + log + " WHERE consumer_group = ? AND event_id = ? FOR SHARE")
+	}
+	return "INSERT IGNORE INTO " + log + " (" + cols + ") VALUES (" + vals + ")",
+		"SELECT request_hash FROM " + log + " WHERE consumer_group = ? AND event_id = ? LOCK IN SHARE MODE"
+}
+
+// consumeLogShape describes how a consume log's rows are filled, apart
+// from their keys, hashes and times: the lowest and highest value of each
+// column a first delivery fills alike, and how many rows have a hash that
+// is not 64 characters or a result reference.
+func (e *Env) consumeLogShape(ctx context.Context, table string) (string, error) {
+	var vals []string
+	for _, c := range []string{"event_type", "status", "retry_count"} {
+		vals = append(vals, "MIN("+c+")", "MAX("+c+")")
+	}
+	vals = append(vals, "COALESCE(SUM(CASE WHEN LENGTH(request_hash) = 64 THEN 0 ELSE 1 END), -1)",
+		"COUNT(result_ref)", "COALESCE(SUM(CASE WHEN first_received_at = updated_at THEN 0 ELSE 1 END), -1)")
+	return e.shape(ctx, "SELECT "+strings.Join(vals, ", ")+" FROM "+table)
+}
+
+// shape runs q, an aggregate query of one row, and returns its values,
+// each as text, joined by spaces: two tables filled alike give the same.
+func (e *Env) shape(ctx context.Context, q string) (string, error) {
+	got, err := e.DB.QueryRowxContext(ctx, q).SliceScan()
+	if err != nil {
+		return "", err
+	}
+	out := make([]string, len(got))
+	for i, v := range got {
+		if b, ok := v.([]byte); ok {
+			v = string(b)
+		}
+		out[i] = fmt.Sprint(v)
+	}
+	return strings.Join(out, " "), nil
+}
+
 // checkedHashMismatches counts the checked handler's dedup rows that no
 // business row of the same event matches with a payload whose SHA-256,
 // computed by the database, is the stored hash (every round applies the
 // same events again, so one match per row is looked for, not every pair).
 func (e *Env) checkedHashMismatches(ctx context.Context, dedup, business string) (int, error) {
-	sum := "LOWER(SHA2(b.payload, 256))"
+	// Compared as bytes on MariaDB: rmqtx's consume log keeps the hash in an
+	// ASCII column, SHA2 returns the connection's character set.
+	sum, stored := "CAST(LOWER(SHA2(b.payload, 256)) AS BINARY)", "CAST(d.request_hash AS BINARY)"
 	if e.pg() {
-		sum = "encode(sha256(b.payload), 'hex')"
+		sum, stored = "encode(sha256(b.payload), 'hex')", "d.request_hash"
 	}
 	var n int
 	err := e.DB.GetContext(ctx, &n, "SELECT COUNT(*) FROM "+dedup+" d WHERE NOT EXISTS (SELECT 1 FROM "+business+
-		" b WHERE b.event_id = d.event_id AND "+sum+" = d.request_hash)")
+		" b WHERE b.event_id = d.event_id AND "+sum+" = "+stored+")")
 	return n, err
 }
 
@@ -491,26 +541,7 @@ func (e *Env) txlogShape(ctx context.Context, table string) (string, error) {
 	} {
 		vals = append(vals, "COALESCE("+x+", -1)")
 	}
-	row, err := e.DB.QueryxContext(ctx, "SELECT "+strings.Join(vals, ", ")+" FROM "+table)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = row.Close() }()
-	if !row.Next() {
-		return "", fmt.Errorf("txlog shape of %s: no row", table)
-	}
-	got, err := row.SliceScan()
-	if err != nil {
-		return "", err
-	}
-	out := make([]string, len(got))
-	for i, v := range got {
-		if b, ok := v.([]byte); ok {
-			v = string(b)
-		}
-		out[i] = fmt.Sprint(v)
-	}
-	return strings.Join(out, " "), row.Err()
+	return e.shape(ctx, "SELECT "+strings.Join(vals, ", ")+" FROM "+table)
 }
 
 // dropTxlogIndexes drops the txlog's two secondary indexes (the

@@ -325,6 +325,17 @@ const (
 	sideFirstNoCount  = "rmqtx first delivery, NoCrashCount"
 	sideRawBatchDedup = "raw batch handler + dedup"
 	sideBatchNoCount  = "rmqtx batch mode, NoCrashCount"
+	// The Processor fed by the raw client's push consumer, as the raw
+	// sides are fed: rmqtx's consumer without its push path (the stop gate
+	// that loses no acknowledgement at Shutdown, the order per key, the
+	// batch's rounds), so what that path costs shows apart from what the
+	// Processor costs.
+	sideProcRaw      = "rmqtx Processor on a raw push consumer"
+	sideProcBatchRaw = "rmqtx ProcessBatch on a raw batch consumer"
+	// sideRawRowChecked is the checked hand-written handler writing the
+	// dedup row rmqtx writes (its columns, values and the consume log's
+	// index), so the Processor compares with the same work and the same row.
+	sideRawRowChecked = "raw handler + rmqtx's dedup row by hand"
 
 	sideLocalRowByHand = "raw + rmqtx's row by hand (no broker)" // localtx
 
@@ -378,6 +389,11 @@ func addRatios(w *Workload) {
 		w.AddRatio("rmqtx first delivery / raw handler + dedup", sideFirst, sideRawDedup, targetFirstDedup)
 		w.AddRatio("rmqtx first delivery / raw handler + checked dedup", sideFirst, sideRawChecked, targetFirstChecked)
 		w.AddRatio("raw handler + checked dedup / raw handler + dedup", sideRawChecked, sideRawDedup, 0)
+		w.AddRatio("Processor on a raw push consumer / raw handler + checked dedup", sideProcRaw, sideRawChecked, 0)
+		w.AddRatio("rmqtx first delivery / rmqtx's dedup row by hand", sideFirst, sideRawRowChecked, 0)
+		w.AddRatio("rmqtx first delivery / Processor on a raw push consumer", sideFirst, sideProcRaw, 0)
+		w.AddRatio("Processor on a raw push consumer / rmqtx's dedup row by hand", sideProcRaw, sideRawRowChecked, 0)
+		w.AddRatio("rmqtx's dedup row by hand / raw handler + checked dedup", sideRawRowChecked, sideRawChecked, 0)
 		w.AddRatio("rmqtx batch mode / raw handler", sideBatch, sideRawHandler, 0)
 		w.AddRatio("raw batch handler (no dedup) / raw handler", sideRawBatch, sideRawHandler, 0)
 		w.AddRatio("rmqtx batch mode / raw batch handler", sideBatch, sideRawBatch, targetBatch)
@@ -386,6 +402,8 @@ func addRatios(w *Workload) {
 		w.AddRatio("batch mode, NoCrashCount / raw batch handler", sideBatchNoCount, sideRawBatch, 0)
 		w.AddRatio("rmqtx batch mode / raw batch handler + dedup", sideBatch, sideRawBatchDedup, 0)
 		w.AddRatio("raw batch handler + dedup / raw batch handler", sideRawBatchDedup, sideRawBatch, 0)
+		w.AddRatio("ProcessBatch on a raw batch consumer / raw batch handler + dedup", sideProcBatchRaw, sideRawBatchDedup, 0)
+		w.AddRatio("rmqtx batch mode / ProcessBatch on a raw batch consumer", sideBatch, sideProcBatchRaw, 0)
 		w.AddRatio("batch mode / batch mode, NoCrashCount", sideBatch, sideBatchNoCount, 0)
 		w.AddRatio("duplicate cold (DB) / first delivery", sideDupCold, sideFirst, targetDuplicate)
 		w.AddRatio("duplicate warm (cache) / first delivery", sideDupWarm, sideFirst, 0)

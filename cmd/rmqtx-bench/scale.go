@@ -21,6 +21,7 @@ import (
 	"github.com/rmqtx/rmqtx/checkback"
 	"github.com/rmqtx/rmqtx/consumer"
 	"github.com/rmqtx/rmqtx/inspect"
+	"github.com/rmqtx/rmqtx/internal/dropdb"
 	"github.com/rmqtx/rmqtx/internal/sqlname"
 	"github.com/rmqtx/rmqtx/metrics"
 	"github.com/rmqtx/rmqtx/observe"
@@ -377,11 +378,7 @@ func scaleEnv(ctx context.Context, e *Env, engine string, k int) (*Env, func(), 
 	drop := func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		q := "DROP DATABASE IF EXISTS " + name
-		if engine == enginePostgres {
-			q += " WITH (FORCE)"
-		}
-		if _, err := root.ExecContext(dctx, q); err != nil {
+		if err := dropdb.Drop(dctx, root, name, engine == enginePostgres); err != nil {
 			e.Log("drop database %s: %v", name, err)
 		}
 		_ = root.Close()

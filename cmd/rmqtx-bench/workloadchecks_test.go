@@ -42,15 +42,17 @@ func runChecked(t *testing.T, db *sqlx.DB, want int64, setup func(*Env), run fun
 
 // The consumer workload, small, end to end on the real broker: every side
 // drains every round, and the effect checks (each rmqtx side's business
-// rows against its groups and events, the NoCrashCount sides included;
-// the checked hand-written side's stored hashes against its payloads)
-// pass.
+// rows against its groups and events, the NoCrashCount sides and the
+// raw-fed Processor sides included; the checked hand-written side's stored
+// hashes against its payloads) pass.
 func TestConsumerWorkloadChecksPass(t *testing.T) {
 	testenv.Integration(t)
 	testenv.EachDB(t, func(t *testing.T, db *sqlx.DB) {
 		w := runChecked(t, db, 64, func(e *Env) { e.Opt.Messages, e.Opt.Warmup = 64, time.Millisecond }, runConsumer)
 		require.NotNil(t, w.Side(sideFirstNoCount), "the NoCrashCount sides ran")
 		require.NotNil(t, w.Side(sideRawChecked), "the checked hand-written side ran")
+		require.NotNil(t, w.Side(sideProcRaw), "the raw-fed Processor side ran")
+		require.NotNil(t, w.Side(sideProcBatchRaw), "the raw-fed ProcessBatch side ran")
 		for _, n := range w.Notes {
 			require.False(t, strings.HasPrefix(n, "rmqtx handler ran"), n)
 		}

@@ -8,12 +8,15 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/dropdb"
 )
 
 // The example's business SQL is user code: written by hand for each
@@ -170,13 +173,11 @@ func createDemoDB(ctx context.Context, root *sqlx.DB, name string) error {
 	return err
 }
 
-// dropDemoDB drops a demo database; on PostgreSQL it ends the sessions
-// still connected to it (a crashed run's pool).
+// dropDemoDB drops a demo database; on PostgreSQL neither the sessions
+// still connected to it (a crashed run's pool) nor an autovacuum worker
+// keep it (package dropdb), for at most 30 s.
 func dropDemoDB(ctx context.Context, root *sqlx.DB, name string) error {
-	q := "DROP DATABASE IF EXISTS `" + name + "`"
-	if engineOf(root) == EnginePostgres {
-		q = `DROP DATABASE IF EXISTS "` + name + `" WITH (FORCE)`
-	}
-	_, err := root.ExecContext(ctx, q)
-	return err
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return dropdb.Drop(ctx, root, name, engineOf(root) == EnginePostgres)
 }

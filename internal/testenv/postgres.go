@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/rmqtx/rmqtx/internal/dropdb"
 )
 
 // The databases EachDB runs a test body on, by subtest name.
@@ -145,8 +147,11 @@ func PostgresDB(t testing.TB) *sqlx.DB {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if os.Getenv("RMQTX_KEEP_DB") == "" {
-			// FORCE: a connection a test leaked must not keep it alive.
-			_, _ = root.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			// A connection a test leaked must not keep it alive, nor
+			// an autovacuum worker (package dropdb).
+			if err := dropdb.Drop(ctx, root, name, true); err != nil {
+				t.Logf("testenv: %v (the database is left behind)", err)
+			}
 		} else {
 			t.Logf("testenv: kept database %s", name)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/rmqtx/rmqtx/internal/broker/rmqlog"
+	"github.com/rmqtx/rmqtx/internal/dropdb"
 	"github.com/rmqtx/rmqtx/internal/localenv"
 )
 
@@ -144,7 +145,9 @@ func MySQLDB(t testing.TB) *sqlx.DB {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if os.Getenv("RMQTX_KEEP_DB") == "" {
-			_, _ = root.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
+			if err := dropdb.Drop(ctx, root, name, false); err != nil {
+				t.Logf("testenv: %v (the database is left behind)", err)
+			}
 		} else {
 			t.Logf("testenv: kept database %s", name)
 		}

@@ -80,7 +80,8 @@ type Config struct {
 	// the ACK (see Processor.ProcessBatch). Default false: one transaction
 	// per message.
 	BatchTransaction bool
-	// Goroutines is the client's ConsumeGoroutineNums. Default 20.
+	// Goroutines is the client's ConsumeGoroutineNums, and the number of
+	// worker goroutines the deliveries run on (workers.go). Default 20.
 	Goroutines int
 	// FromLatest makes a new group start at the end of the topic. Default
 	// false: a new group starts at the first offset, so no event published
@@ -199,9 +200,12 @@ type Consumer struct {
 	resend  resender
 	closing bool
 	watch   *topicWatch // waits for a topic missing at Start (topicwait.go)
+	work    *workers    // runs deliveries on grown stacks (workers.go)
 
 	// wrapResend lets tests observe re-sends; set before Start.
 	wrapResend func(resender) resender
+	// wrapDeliver, when set, runs first in every delivery (tests).
+	wrapDeliver func()
 }
 
 // New validates cfg (after WithDefaults) and builds the consumer. It does
@@ -312,7 +316,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 			c.resend = c.wrapResend(c.resend)
 		}
 	}
+	c.work = startWorkers(c.cfg.Goroutines) // onMessages reads it: before the client starts
 	if err := pc.Start(); err != nil {
+		c.work.shutdown(true)
 		if c.prod != nil {
 			_ = c.prod.Shutdown()
 			c.prod, c.resend = nil, nil
@@ -322,6 +328,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if missing {
 		if err := subscribe(); err != nil {
 			_ = pc.Shutdown()
+			c.work.shutdown(true)
 			if c.prod != nil {
 				_ = c.prod.Shutdown()
 				c.prod, c.resend = nil, nil
@@ -362,6 +369,8 @@ func (c *Consumer) Shutdown(ctx context.Context) error {
 	// client is shut down, after any older offset a pull of the client's
 	// carried to the broker (internal/broker/pushstop).
 	werr := pc.Close(ctx)
+	// Without an error no callback runs any more: the workers are idle.
+	c.work.shutdown(werr == nil)
 	if r, ok := pc.(interface{ Reacquired() int64 }); ok && r.Reacquired() > 0 {
 		c.cfg.Logger.WithField("consumer_group", c.cfg.Group).WithField("queues", r.Reacquired()).
 			Info("consumer: shutdown: queues given back by a rebalance just before it hold an offset below messages this consumer acknowledged; those messages are delivered again (dedup hits)")
@@ -392,6 +401,14 @@ func (c *Consumer) enter() bool {
 }
 
 func (c *Consumer) onMessages(ctx context.Context, msgs ...*broker.MessageExt) (broker.ConsumeResult, error) {
+	return c.work.deliver(ctx, c, msgs)
+}
+
+// deliver is a delivery's work (onMessages runs it on a worker).
+func (c *Consumer) deliver(ctx context.Context, msgs []*broker.MessageExt) (broker.ConsumeResult, error) {
+	if c.wrapDeliver != nil {
+		c.wrapDeliver()
+	}
 	if !c.enter() {
 		broker.SetNextDelayLevel(ctx, 1)
 		return broker.ConsumeRetryLater, nil

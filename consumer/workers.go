@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"runtime"
 	"sync"
 
 	"github.com/rmqtx/rmqtx/internal/broker"
@@ -23,7 +24,9 @@ import (
 // A delivery that finds no idle worker runs on the client's goroutine, as
 // before: a worker never queues a delivery behind another. A panic in a
 // worker is carried back and raised again on the client's goroutine, where
-// the client recovers callbacks.
+// the client recovers callbacks; so is a runtime.Goexit (a test's FailNow
+// in a handler): the client's goroutine then exits unanswered, as before,
+// and the delivery is not acknowledged.
 
 // workers is the pool; a nil *workers runs every delivery on the caller.
 type workers struct {
@@ -42,6 +45,7 @@ type job struct {
 	res      broker.ConsumeResult
 	err      error
 	panicked any
+	exited   bool          // the delivery called runtime.Goexit
 	done     chan struct{} // one token per job: the worker is done with it
 }
 
@@ -70,13 +74,19 @@ func (w *workers) work() {
 }
 
 func (j *job) run() {
+	returned := false
 	defer func() {
-		if r := recover(); r != nil {
-			j.panicked = r
+		if !returned {
+			// A panic, or runtime.Goexit (recover returns nil): this
+			// worker then exits too, and the pool has one fewer.
+			if j.panicked = recover(); j.panicked == nil {
+				j.exited = true
+			}
 		}
 		j.done <- struct{}{}
 	}()
 	j.res, j.err = j.c.deliver(j.ctx, j.msgs)
+	returned = true
 }
 
 // deliver runs c.deliver for msgs on an idle worker, else on the caller.
@@ -94,11 +104,14 @@ func (w *workers) deliver(ctx context.Context, c *Consumer, msgs []*broker.Messa
 		return c.deliver(ctx, msgs)
 	}
 	<-j.done
-	res, err, p := j.res, j.err, j.panicked
+	res, err, p, exited := j.res, j.err, j.panicked, j.exited
 	*j = job{done: j.done}
 	jobs.Put(j)
-	if p != nil {
+	switch {
+	case p != nil:
 		panic(p)
+	case exited:
+		runtime.Goexit()
 	}
 	return res, err
 }

@@ -123,8 +123,43 @@ func TestWorkersCarryAPanicBack(t *testing.T) {
 		runtime.Gosched()
 	}
 	require.Equal(t, caller+"x", where, "the worker's panic was raised on the caller")
-	c.wrapDeliver = nil
-	res, err := w.deliver(context.Background(), c, nil)
-	require.NoError(t, err)
-	require.Equal(t, broker.ConsumeRetryLater, res)
+	// The same worker serves the next delivery.
+	ran := make(chan string, 1)
+	c.wrapDeliver = func() { ran <- goroutineID() }
+	onWorker := false
+	for i := 0; i < 10000 && !onWorker; i++ {
+		res, err := w.deliver(context.Background(), c, nil)
+		require.NoError(t, err)
+		require.Equal(t, broker.ConsumeRetryLater, res)
+		onWorker = <-ran != caller
+		runtime.Gosched()
+	}
+	require.True(t, onWorker, "the worker serves again after a panic")
+}
+
+// A delivery that calls runtime.Goexit on a worker (a test's FailNow in a
+// handler) ends its caller's goroutine too, unanswered, as it did on the
+// client's goroutine: it is never mistaken for an answer (an ACK).
+func TestWorkersCarryAGoexitBack(t *testing.T) {
+	w := startWorkers(1)
+	defer w.shutdown(true)
+	c := closingConsumer()
+	onWorker := false
+	for i := 0; i < 10000 && !onWorker; i++ {
+		answered, spawned := make(chan bool, 1), make(chan string, 1)
+		ran := make(chan string, 1)
+		c.wrapDeliver = func() { ran <- goroutineID(); runtime.Goexit() }
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			spawned <- goroutineID()
+			_, _ = w.deliver(context.Background(), c, nil)
+			answered <- true
+		}()
+		<-done
+		onWorker = <-spawned != <-ran
+		require.Empty(t, answered, "a delivery that exited got no answer")
+		runtime.Gosched()
+	}
+	require.True(t, onWorker, "a delivery exited on a worker")
 }

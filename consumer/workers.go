@@ -13,8 +13,8 @@ import (
 // The client starts a new goroutine for every delivery, with a small
 // stack, and a delivery's call chain (the Processor, database/sql, the
 // driver) is deep enough to grow it two or three times: each growth copies
-// the stack. Measured in the bench, that was 5-7 µs of CPU per message, on
-// the raw client's handlers as on rmqtx's (BENCHMARKS.md). A worker's
+// the stack. Measured in the bench, that was 5-10 µs of CPU per message,
+// on the raw client's handlers as on rmqtx's (BENCHMARKS.md). A worker's
 // stack grows once and stays grown while it serves deliveries (the
 // garbage collector may halve an idle worker's stack; the next delivery
 // grows it once). The client's goroutine hands the delivery over and waits
@@ -77,8 +77,9 @@ func (j *job) run() {
 	returned := false
 	defer func() {
 		if !returned {
-			// A panic, or runtime.Goexit (recover returns nil): this
-			// worker then exits too, and the pool has one fewer.
+			// A panic (recovered here: the worker goes on serving), or
+			// runtime.Goexit (recover returns nil: the worker exits too,
+			// and the pool has one fewer).
 			if j.panicked = recover(); j.panicked == nil {
 				j.exited = true
 			}

@@ -20,6 +20,24 @@ func goroutineID() string {
 	return strings.Fields(string(buf))[1]
 }
 
+// untilOnWorker delivers to c through w, each delivery answered with
+// RetryLater, until one runs on a worker (c's delivery reports its
+// goroutine on ran) rather than on caller: until a worker is parked
+// waiting, deliveries run on the caller. It reports whether one did.
+func untilOnWorker(t *testing.T, w *workers, c *Consumer, ran <-chan string, caller string) bool {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		res, err := w.deliver(context.Background(), c, nil)
+		require.NoError(t, err)
+		require.Equal(t, broker.ConsumeRetryLater, res)
+		if <-ran != caller {
+			return true
+		}
+		runtime.Gosched()
+	}
+	return false
+}
+
 // A Consumer that is shutting down answers a delivery with RetryLater
 // without touching its Processor: the smallest delivery to hand a worker.
 func closingConsumer() *Consumer {
@@ -34,16 +52,7 @@ func TestWorkersRunADeliveryOnAWorker(t *testing.T) {
 	caller := goroutineID()
 	ran := make(chan string, 1)
 	c.wrapDeliver = func() { ran <- goroutineID() }
-	// Until a worker is parked waiting, deliveries run on the caller.
-	onWorker := false
-	for i := 0; i < 10000 && !onWorker; i++ {
-		res, err := w.deliver(context.Background(), c, nil)
-		require.NoError(t, err)
-		require.Equal(t, broker.ConsumeRetryLater, res)
-		onWorker = <-ran != caller
-		runtime.Gosched()
-	}
-	require.True(t, onWorker, "a delivery ran on a worker")
+	require.True(t, untilOnWorker(t, w, c, ran, caller), "a delivery ran on a worker")
 	w.shutdown(true)
 	w.shutdown(true) // idempotent
 	// A stopped pool (and a nil one) runs the delivery on the caller.
@@ -126,15 +135,7 @@ func TestWorkersCarryAPanicBack(t *testing.T) {
 	// The same worker serves the next delivery.
 	ran := make(chan string, 1)
 	c.wrapDeliver = func() { ran <- goroutineID() }
-	onWorker := false
-	for i := 0; i < 10000 && !onWorker; i++ {
-		res, err := w.deliver(context.Background(), c, nil)
-		require.NoError(t, err)
-		require.Equal(t, broker.ConsumeRetryLater, res)
-		onWorker = <-ran != caller
-		runtime.Gosched()
-	}
-	require.True(t, onWorker, "the worker serves again after a panic")
+	require.True(t, untilOnWorker(t, w, c, ran, caller), "the worker serves again after a panic")
 }
 
 // A delivery that calls runtime.Goexit on a worker (a test's FailNow in a

@@ -2,7 +2,6 @@ package txproducer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -21,7 +20,9 @@ import (
 	"github.com/rmqtx/rmqtx/internal/broker/rmqroute"
 	"github.com/rmqtx/rmqtx/internal/failpoint"
 	"github.com/rmqtx/rmqtx/internal/otelx"
+	"github.com/rmqtx/rmqtx/internal/propjson"
 	"github.com/rmqtx/rmqtx/internal/shutdown"
+	"github.com/rmqtx/rmqtx/internal/workerpool"
 	"github.com/rmqtx/rmqtx/txlog"
 	"github.com/rmqtx/rmqtx/wire"
 )
@@ -47,8 +48,9 @@ type Producer struct {
 	log      *txlog.Store
 	checker  *checkback.Checker
 	recovery *discard.Recovery
-	ender    *ender        // ends keyed commits synchronously (endsync.go)
-	tr       *otelx.Tracer // nil: tracing off
+	ender    *ender           // ends keyed commits synchronously (endsync.go)
+	tr       *otelx.Tracer    // nil: tracing off
+	overlap  *workerpool.Pool // runs each Send's early transaction (begin)
 
 	mu       sync.Mutex
 	state    lifecycle
@@ -80,7 +82,7 @@ func New(cfg Config) (*Producer, error) {
 		return nil, fmt.Errorf("txproducer: %w", err)
 	}
 	p := &Producer{cfg: cfg, db: db, log: store, checker: checker, tr: otelx.New(cfg.TracerProvider),
-		ender: newEnder(cfg.NameServers, cfg.Group, cfg.SendTimeout)}
+		ender: newEnder(cfg.NameServers, cfg.Group, cfg.SendTimeout), overlap: workerpool.New(overlapWorkers)}
 	if !cfg.DisableRecovery {
 		p.recovery, err = discard.New(discard.Config{
 			NameServers: cfg.NameServers, Group: cfg.Group, Log: store,
@@ -539,12 +541,23 @@ type early struct {
 	err  error // wraps ErrDatabase, or is txlog.ErrDuplicate
 }
 
+// overlapWorkers bounds the long-lived goroutines that run early
+// transactions: Sends beyond that many at once start a goroutine each, as
+// every Send did before. An idle worker holds its grown stack (a few KB to
+// tens of KB) until Shutdown.
+const overlapWorkers = 128
+
 // begin starts the early transaction for row. ctx bounds the transaction:
 // it has no deadline of its own while the half is in flight (see send).
 // startedAt is when the Send began, before its half was sent (see retake).
+//
+// It runs on one of the producer's long-lived workers (internal/workerpool)
+// rather than a new goroutine: BEGIN and the INSERT through database/sql and
+// the driver grew a new goroutine's stack two or three times per Send, about
+// 7 µs of CPU (BENCHMARKS.md).
 func (p *Producer) begin(ctx context.Context, row txlog.Row, startedAt time.Time) *early {
 	e := &early{done: make(chan struct{})}
-	go func() {
+	p.overlap.Go(func() {
 		defer close(e.done)
 		if h := p.cfg.Test.BeforeLocalTx; h != nil {
 			h(ctx, row.EventID)
@@ -579,7 +592,7 @@ func (p *Producer) begin(ctx context.Context, row txlog.Row, startedAt time.Time
 			return
 		}
 		e.tx = tx
-	}()
+	})
 	return e
 }
 
@@ -634,17 +647,13 @@ func (e *early) discard(stop context.CancelCauseFunc) {
 
 // rowProperties is the JSON of the envelope properties plus the half's
 // UNIQ_KEY, which tells the checks which half committed (checkback.OtherHalf).
+// propjson writes what json.Marshal writes for the merged map, without
+// copying the map or reflecting on it: it runs on every Send.
 func rowProperties(props map[string]string, half string) string {
-	if half != "" {
-		withHalf := make(map[string]string, len(props)+1)
-		for k, v := range props {
-			withHalf[k] = v
-		}
-		withHalf[broker.PropUniqKey] = half
-		props = withHalf
+	if half == "" {
+		return propjson.Encode(props, "", "")
 	}
-	b, _ := json.Marshal(props)
-	return string(b)
+	return propjson.Encode(props, broker.PropUniqKey, half)
 }
 
 func callFn(ctx context.Context, fn LocalTxFunc, tx *sqlx.Tx) (err error) {
@@ -763,6 +772,9 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 	}
 	stop := func() error {
 		p.ender.close()
+		// Every Send has returned, so every early transaction has ended
+		// (discard or take waits for it): the workers are idle and end now.
+		_ = p.overlap.Shutdown(context.Background())
 		return tp.Shutdown()
 	}
 	if drained {

@@ -17,6 +17,8 @@
 //	hand-checked  the hand-written transaction doing the Processor's work: the message's properties map (as rmqtx gets it),
 //	              its id and type read and checked, the payload's SHA-256 checked against the declared one and kept in the
 //	              dedup row with the type, a duplicate's stored hash read and compared, a 30 s deadline
+//	hand-checked-log  hand-checked writing rmqtx's row (rmqtx's statement, columns and values) into a copy of
+//	              rmqtx's consume log: the same work and the same row as rmqtx, written by hand
 //
 // Modes alternate within each round. A round prints the events per second,
 // the database server's CPU per event (user + system of the postmaster and
@@ -79,7 +81,7 @@ func run() error {
 	n := flag.Int("n", 20000, "events per mode and round")
 	g := flag.Int("g", 8, "goroutines (each with a connection)")
 	rounds := flag.Int("rounds", 6, "rounds; modes alternate within each")
-	modesFlag := flag.String("modes", "hand,hand-log,rmqtx", "comma-separated modes: hand, hand-log, rmqtx, hand-burn, hand-timeout, hand-checked")
+	modesFlag := flag.String("modes", "hand,hand-log,rmqtx", "comma-separated modes: hand, hand-log, rmqtx, hand-burn, hand-timeout, hand-checked, hand-checked-log")
 	burnUS := flag.Int("burn", 60, "hand-burn: client CPU per event, in µs")
 	pidFile := flag.String("pidfile", ".run/postgres/data/postmaster.pid", "the postmaster's pid file (scripts/services.sh's)")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -106,7 +108,7 @@ func run() error {
 	}
 	modes := strings.Split(*modesFlag, ",")
 	for _, m := range modes {
-		if !slices.Contains([]string{"hand", "hand-log", "rmqtx", "hand-burn", "hand-timeout", "hand-checked"}, m) {
+		if !slices.Contains([]string{"hand", "hand-log", "rmqtx", "hand-burn", "hand-timeout", "hand-checked", "hand-checked-log"}, m) {
 			return fmt.Errorf("unknown mode %q", m)
 		}
 	}
@@ -135,11 +137,12 @@ func run() error {
 	if err := schema.MigrateAll(ctx, db, prefix); err != nil {
 		return err
 	}
-	hand, logCopy, checked := tag+"_hand", tag+"_logcopy", tag+"_checked"
+	hand, logCopy, checked, checkedLog := tag+"_hand", tag+"_logcopy", tag+"_checked", tag+"_checkedlog"
 	ddl := []string{
 		`CREATE TABLE ` + hand + ` (consumer_group VARCHAR(255) NOT NULL, event_id VARCHAR(64) NOT NULL, created_at TIMESTAMPTZ(6) NOT NULL, PRIMARY KEY (consumer_group, event_id))`,
 		`CREATE TABLE ` + checked + ` (consumer_group VARCHAR(255) NOT NULL, event_id VARCHAR(64) NOT NULL, event_type VARCHAR(128) NOT NULL, request_hash CHAR(64) NOT NULL, created_at TIMESTAMPTZ(6) NOT NULL, PRIMARY KEY (consumer_group, event_id))`,
 		`CREATE TABLE ` + logCopy + ` (LIKE ` + prefix + `consume_log INCLUDING ALL)`,
+		`CREATE TABLE ` + checkedLog + ` (LIKE ` + prefix + `consume_log INCLUDING ALL)`,
 	}
 	business := map[string]string{}
 	for _, m := range modes {
@@ -150,7 +153,7 @@ func run() error {
 			`CREATE INDEX `+t+`_event ON `+t+` (event_id)`)
 	}
 	defer func() {
-		tables := []string{hand, logCopy, checked}
+		tables := []string{hand, logCopy, checked, checkedLog}
 		for _, t := range business {
 			tables = append(tables, t)
 		}
@@ -199,9 +202,15 @@ func run() error {
 					}
 					return nil
 				}
-			case "hand-checked":
+			case "hand-checked", "hand-checked-log":
 				dedup := "INSERT INTO " + checked + " (consumer_group, event_id, event_type, request_hash, created_at) VALUES ($1, $2, $3, $4, CURRENT_TIMESTAMP(6)) ON CONFLICT DO NOTHING"
 				stored := "SELECT request_hash FROM " + checked + " WHERE consumer_group = $1 AND event_id = $2 FOR SHARE"
+				dedupArgs := func(id, typ, h string) []any { return []any{group, id, typ, h} }
+				if m == "hand-checked-log" { // rmqtx's row and statement (consumer.Processor on PostgreSQL)
+					dedup = "INSERT INTO " + checkedLog + " (consumer_group, event_id, event_type, request_hash, status, retry_count, first_received_at, updated_at) VALUES ($1, $2, $3, $4, 'SUCCESS', $5, statement_timestamp(), statement_timestamp()) ON CONFLICT (consumer_group, event_id) DO NOTHING"
+					stored = "SELECT request_hash FROM " + checkedLog + " WHERE consumer_group = $1 AND event_id = $2 FOR SHARE"
+					dedupArgs = func(id, typ, h string) []any { return []any{group, id, typ, h, 0} }
+				}
 				work = func(ctx context.Context, id string) error {
 					props := maps.Clone(template)
 					props[wire.PropEventID] = id
@@ -220,7 +229,7 @@ func run() error {
 					if err != nil {
 						return err
 					}
-					res, err := tx.ExecContext(ctx, dedup, group, id, typ, h)
+					res, err := tx.ExecContext(ctx, dedup, dedupArgs(id, typ, h)...)
 					if err != nil {
 						_ = tx.Rollback()
 						return err

@@ -3,6 +3,8 @@ package txproducer_test
 import (
 	"context"
 	"crypto/rand"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -51,4 +53,48 @@ func testHalfRefusedRollsBackEarlyTransaction(t *testing.T, b *bundle) {
 	row := b.row(t, id)
 	require.Equal(t, txlog.StateCommitted, row.State)
 	b.exactlyOneCopy(t, p, id)
+}
+
+// The early transaction runs on one of the producer's long-lived workers
+// (internal/workerpool), not on a new goroutine per Send: a new goroutine's
+// stack grew through BEGIN and the INSERT on every Send (BENCHMARKS.md). One
+// Send after another finds the worker idle, so all of them run on the same
+// goroutine, and every Send still commits exactly one copy.
+func TestEarlyTransactionRunsOnALongLivedWorker(t *testing.T) {
+	t.Parallel()
+	eachDB(t, 1, testEarlyTransactionRunsOnALongLivedWorker)
+}
+
+func testEarlyTransactionRunsOnALongLivedWorker(t *testing.T, b *bundle) {
+	cfg := b.config()
+	var stacks []string
+	cfg.Test.BeforeLocalTx = func(context.Context, string) {
+		buf := make([]byte, 16<<10)
+		stacks = append(stacks, string(buf[:runtime.Stack(buf, false)])) // Sends run one at a time here
+	}
+	p := startProducer(t, cfg)
+	ids := make([]string, 3)
+	for i := range ids {
+		ids[i] = "worker-" + testenv.RandSuffix(6)
+		res, err := p.Send(context.Background(), b.msg(ids[i]), insertOrder(ids[i]))
+		require.NoError(t, err)
+		require.Equal(t, txproducer.StateCommitted, res.State)
+	}
+	require.Len(t, stacks, len(ids))
+	for i, s := range stacks {
+		require.Contains(t, s, "workerpool.(*Pool).work", "Send %d's early transaction ran on a worker", i+1)
+		require.Equal(t, goroutineID(stacks[0]), goroutineID(s), "Send %d found the worker idle and ran on it", i+1)
+	}
+	for _, id := range ids {
+		require.Equal(t, txlog.StateCommitted, b.row(t, id).State)
+		b.exactlyOneCopy(t, p, id)
+	}
+}
+
+// goroutineID is the id in a stack dump's first line ("goroutine 7 [running]:").
+func goroutineID(stack string) string {
+	if f := strings.Fields(stack); len(f) > 1 {
+		return f[1]
+	}
+	return ""
 }

@@ -553,8 +553,8 @@ const overlapWorkers = 128
 //
 // It runs on one of the producer's long-lived workers (internal/workerpool)
 // rather than a new goroutine: BEGIN and the INSERT through database/sql and
-// the driver grew a new goroutine's stack two or three times per Send, about
-// 7 µs of CPU (BENCHMARKS.md).
+// the driver grew a new goroutine's stack two or three times per Send, 10-13
+// µs of CPU (BENCHMARKS.md).
 func (p *Producer) begin(ctx context.Context, row txlog.Row, startedAt time.Time) *early {
 	e := &early{done: make(chan struct{})}
 	p.overlap.Go(func() {

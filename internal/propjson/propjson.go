@@ -5,8 +5,9 @@
 //
 // It exists because txproducer stores every Send's properties as JSON in its
 // txlog row, and json.Marshal's reflection, its map copy and its key sort
-// through reflect values cost about 8 µs of CPU per Send, a third of the
-// producer's own code (BENCHMARKS.md, "The producer's own CPU"). Readers keep
+// through reflect values cost about 8 µs of CPU per Send in the bench's
+// profiles, a third of the producer's own code (BENCHMARKS.md, "The producer:
+// the overlap goroutine's stack, and the properties' JSON"). Readers keep
 // using encoding/json: the output is the same bytes.
 package propjson
 

@@ -4,7 +4,7 @@
 //
 // A new goroutine starts with a small stack. A call chain through
 // database/sql and a driver grows it two or three times, and each growth
-// copies the stack: measured in rmqtx-bench, about 7 µs of CPU per Send for
+// copies the stack: measured in rmqtx-bench, 10-13 µs of CPU per Send for
 // txproducer's overlap goroutine (BEGIN and the txlog INSERT while the half
 // message is in flight), which a hand-written producer, running its
 // statements on its caller's goroutine, does not pay (BENCHMARKS.md). A

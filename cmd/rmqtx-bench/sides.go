@@ -60,11 +60,14 @@ func rawMessage(topic, id string, payload []byte) *primitive.Message {
 
 // envelopeMessage is a message in rmqtx's wire format (what txproducer and
 // the outbox publish), for preloading consumer topics and orphan halves.
+// The properties go first: the client's WithProperties replaces the map,
+// so set after them the tag and keys would be lost (they were until
+// 2026-12-06), where txproducer's messages carry both.
 func envelopeMessage(topic, id string, payload []byte) *primitive.Message {
 	m := primitive.NewMessage(topic, payload)
+	m.WithProperties(wire.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
 	m.WithTag(benchEventType)
 	m.WithKeys([]string{id})
-	m.WithProperties(wire.Envelope{EventID: id, EventType: benchEventType}.Properties(payload))
 	return m
 }
 

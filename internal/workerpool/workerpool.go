@@ -25,8 +25,8 @@ import (
 	"sync"
 )
 
-// Pool is a set of at most a limit of workers, idle or busy. The zero value is not
-// usable; call New. Its methods are safe for concurrent use.
+// Pool holds up to its limit of workers, idle or busy. The zero value is
+// not usable; call New. Its methods are safe for concurrent use.
 type Pool struct {
 	jobs chan func()
 	quit chan struct{}

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,17 +19,36 @@ import (
 // divided by the sum. Other clients of the same servers count too: only a
 // quiet machine gives clean figures.
 type cpuMeter struct {
-	dbPID, brokerPID int // 0: not found (remote, no /proc, or not permitted)
+	dbPID, brokerPID int  // 0: not found (remote, no /proc, or not permitted)
+	dbPostgres       bool // the database is PostgreSQL: its sessions' share is read apart
 }
 
 func newCPUMeter(dbAddr, brokerAddr string) cpuMeter {
-	return cpuMeter{dbPID: proccpu.ListeningPID(dbAddr), brokerPID: proccpu.ListeningPID(brokerAddr)}
+	m := cpuMeter{dbPID: proccpu.ListeningPID(dbAddr), brokerPID: proccpu.ListeningPID(brokerAddr)}
+	if m.dbPID > 0 {
+		comm, _ := os.ReadFile("/proc/" + strconv.Itoa(m.dbPID) + "/comm")
+		m.dbPostgres = strings.TrimSpace(string(comm)) == "postgres"
+	}
+	return m
 }
+
+// brokerNetThreads are the name prefixes (cut at 15 bytes, as /proc keeps
+// them) of the broker's Netty server threads: accepting, reading and
+// writing its sockets and coding its frames. Their CPU per operation
+// follows how many requests each wake-up finds, so the pacing of the sides'
+// requests moves it, not only what they send.
+var brokerNetThreads = []string{"NettyServerNIO", "NettyServerEPOL", "NettyServerCode", "NettyNIOBoss", "NettyEPOLLBoss"}
 
 // cpuSample is the CPU time used so far by the bench and by the servers.
 type cpuSample struct {
 	self, db, broker time.Duration
 	dbOK, brokerOK   bool
+	// dbSessions is the part of db spent by PostgreSQL's processes that
+	// serve connections (not autovacuum, the WAL writer, the checkpointer
+	// or exited workers); brokerNet the part of broker spent by its network
+	// threads (brokerNetThreads). Each is set only where it was measured.
+	dbSessions, brokerNet     time.Duration
+	dbSessionsOK, brokerNetOK bool
 }
 
 func (m cpuMeter) sample() cpuSample {
@@ -36,17 +58,25 @@ func (m cpuMeter) sample() cpuSample {
 		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	if m.dbPID > 0 {
-		s.db, s.dbOK = proccpu.TreeCPU(m.dbPID)
+		if m.dbPostgres {
+			s.db, s.dbSessions, s.dbOK = proccpu.TreeCPUPart(m.dbPID, proccpu.PostgresSession)
+			s.dbSessionsOK = s.dbOK
+		} else {
+			s.db, s.dbOK = proccpu.TreeCPU(m.dbPID)
+		}
 	}
 	if m.brokerPID > 0 {
 		s.broker, s.brokerOK = proccpu.TreeCPU(m.brokerPID)
+		_, s.brokerNet, s.brokerNetOK = proccpu.ThreadsCPU(m.brokerPID, brokerNetThreads...)
 	}
 	return s
 }
 
 // sub is the CPU used between b and a (a taken later).
 func (a cpuSample) sub(b cpuSample) cpuSample {
-	return cpuSample{self: a.self - b.self, db: a.db - b.db, broker: a.broker - b.broker, dbOK: a.dbOK && b.dbOK, brokerOK: a.brokerOK && b.brokerOK}
+	return cpuSample{self: a.self - b.self, db: a.db - b.db, broker: a.broker - b.broker, dbOK: a.dbOK && b.dbOK, brokerOK: a.brokerOK && b.brokerOK,
+		dbSessions: a.dbSessions - b.dbSessions, brokerNet: a.brokerNet - b.brokerNet,
+		dbSessionsOK: a.dbSessionsOK && b.dbSessionsOK, brokerNetOK: a.brokerNetOK && b.brokerNetOK}
 }
 
 // perMessage adds to extra the CPU microseconds per message between a and b.

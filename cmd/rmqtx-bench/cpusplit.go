@@ -41,7 +41,11 @@ const (
 	extraCPUPrefix   = "cpu_us_per_tx_" // + a part name, "broker", "database" or "total"
 	extraCPUBroker   = extraCPUPrefix + "broker"
 	extraCPUDatabase = extraCPUPrefix + "database"
-	extraCPUTotal    = extraCPUPrefix + "total"
+	// The parts of the two servers' CPU read apart (where measured): the
+	// broker's network threads, and PostgreSQL's sessions.
+	extraCPUBrokerNet  = extraCPUPrefix + "broker_network"
+	extraCPUDBSessions = extraCPUPrefix + "database_sessions"
+	extraCPUTotal      = extraCPUPrefix + "total"
 	// extraCPUProcess is the bench process's CPU by getrusage over the
 	// same window: the profile's sum should come close to it.
 	extraCPUProcess = "cpu_us_per_tx_process_rusage"
@@ -314,6 +318,12 @@ func addCPUSplit(extra map[string]float64, parts map[string]time.Duration, serve
 		extra[extraCPUDatabase] = per(servers.db)
 		total += servers.db
 	}
+	if servers.brokerNetOK {
+		extra[extraCPUBrokerNet] = per(servers.brokerNet)
+	}
+	if servers.dbSessionsOK {
+		extra[extraCPUDBSessions] = per(servers.dbSessions)
+	}
 	extra[extraCPUTotal] = per(total)
 	extra[extraCPUProcess] = per(rusage)
 }
@@ -330,7 +340,16 @@ type CPUSplit struct {
 	RuntimeOther float64  `json:"runtime_other_us"`
 	Broker       *float64 `json:"broker_us,omitempty"`
 	Database     *float64 `json:"database_us,omitempty"`
-	Total        float64  `json:"total_us"`
+	// BrokerNetwork is the part of Broker spent by its Netty server threads
+	// (sockets and frames); DatabaseSessions the part of Database spent by
+	// PostgreSQL's processes serving connections, without its background
+	// processes (autovacuum, WAL writer, checkpointer, exited workers),
+	// whose work comes due on its own schedule and lands on whichever side
+	// runs then. Nil where not measured (DatabaseSessions on MariaDB: one
+	// process).
+	BrokerNetwork    *float64 `json:"broker_network_us,omitempty"`
+	DatabaseSessions *float64 `json:"database_sessions_us,omitempty"`
+	Total            float64  `json:"total_us"`
 	// ProcessRusage is the bench process's CPU by getrusage over the same
 	// windows: the five bench-process parts should come close to it.
 	ProcessRusage float64 `json:"process_rusage_us"`
@@ -363,6 +382,7 @@ func summarizeCPUSplit(s *Side) {
 		Rmqtx: med(extraCPUPart(partRmqtx)), Client: med(extraCPUPart(partClient)), SQL: med(extraCPUPart(partSQL)),
 		Bench: med(extraCPUPart(partBench)), RuntimeOther: med(extraCPUPart(partOther)),
 		Broker: opt(extraCPUBroker), Database: opt(extraCPUDatabase),
+		BrokerNetwork: opt(extraCPUBrokerNet), DatabaseSessions: opt(extraCPUDBSessions),
 		Total: med(extraCPUTotal), ProcessRusage: med(extraCPUProcess), Rounds: n,
 	}
 	if v := med(extraCPUSamples); !math.IsNaN(v) {
@@ -382,8 +402,8 @@ func writeCPUSplitTable(w io.Writer, indent string, sides []*Side) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "%scpu split per op (µs): %-34s %7s %7s %10s %7s %13s %7s %8s %7s\n", indent,
-		"side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "database", "total")
+	fmt.Fprintf(w, "%scpu split per op (µs): %-34s %7s %7s %10s %7s %13s %7s %7s %8s %8s %7s\n", indent,
+		"side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "(net)", "database", "(sess.)", "total")
 	us := func(x float64) string {
 		if math.IsNaN(x) {
 			return "-"
@@ -398,8 +418,9 @@ func writeCPUSplitTable(w io.Writer, indent string, sides []*Side) {
 	}
 	for _, s := range rows {
 		c := s.CPUSplit
-		fmt.Fprintf(w, "%s                      %-34s %7s %7s %10s %7s %13s %7s %8s %7s\n", indent, s.Name,
-			us(c.Rmqtx), us(c.Client), us(c.SQL), us(c.Bench), us(c.RuntimeOther), opt(c.Broker), opt(c.Database), us(c.Total))
+		fmt.Fprintf(w, "%s                      %-34s %7s %7s %10s %7s %13s %7s %7s %8s %8s %7s\n", indent, s.Name,
+			us(c.Rmqtx), us(c.Client), us(c.SQL), us(c.Bench), us(c.RuntimeOther), opt(c.Broker), opt(c.BrokerNetwork),
+			opt(c.Database), opt(c.DatabaseSessions), us(c.Total))
 	}
 }
 
@@ -415,6 +436,7 @@ func cpuSplitNotes(w *Workload) []string {
 	return []string{
 		"cpu split (-cpu-split): each side's every round is profiled on its own (runtime/pprof, default 100 Hz sampling, the sides' rounds run one after another); a sample's CPU goes to the first frame, walking from the leaf up, of rmqtx (github.com/rmqtx/rmqtx/...), the client (github.com/apache/rocketmq-client-go, patched or upstream alike), sql+driver (database/sql, go-sql-driver/mysql, jackc/pgx, jmoiron/sqlx) or the bench (its loop, payloads, checks); samples with none of them (GC workers, scheduler, netpoller) are runtime/other",
 		"cpu split: broker and database are their processes' CPU (utime+stime from /proc, PostgreSQL's per-connection processes included) over the same round: other clients of those servers count too; so do, in the bench process, the idle producers of the other sides (heartbeats, route updates, discard recovery), which is why a raw side can show a little rmqtx; every figure is microseconds per committed Send (producer) or per processed message (consumer, over the window its rate is measured in), the median over rounds of each column on its own (columns need not add up to total)",
+		"cpu split: (net) is the part of the broker's CPU spent by its Netty server threads (reading and writing its sockets, coding frames), which costs more per request when each wake-up finds fewer requests, so it moves with the sides' pacing as well as with what they send; (sess.) is the part of PostgreSQL's CPU spent by the processes serving connections, without its background processes (autovacuum, WAL writer, checkpointer, exited workers), whose work comes due on its own schedule and lands on whichever side runs then (- where not measured: MariaDB is one process)",
 		"cpu split: a part of n samples is known to about ±sqrt(n) samples of 10 ms, so short rounds give rough figures; the JSON's cpu_split has the samples per round (profile_samples) and the bench process's getrusage CPU (process_rusage_us); the five bench parts come out below it, by up to a sampling period per busy thread per round (each thread's profiling timer has not fired for the CPU since its last sample), which matters less the longer the round",
 	}
 }

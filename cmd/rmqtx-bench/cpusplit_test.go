@@ -135,7 +135,8 @@ func TestCPUSplitTableMath(t *testing.T) {
 			partRmqtx: k * 10 * time.Millisecond, partClient: k * 20 * time.Millisecond, partSQL: k * 30 * time.Millisecond,
 			partBench: k * 5 * time.Millisecond, partOther: k * 15 * time.Millisecond,
 		}
-		srv := cpuSample{broker: k * 40 * time.Millisecond, brokerOK: true, db: k * 50 * time.Millisecond, dbOK: i != 1}
+		srv := cpuSample{broker: k * 40 * time.Millisecond, brokerOK: true, db: k * 50 * time.Millisecond, dbOK: i != 1,
+			brokerNet: k * 25 * time.Millisecond, brokerNetOK: true, dbSessions: k * 30 * time.Millisecond, dbSessionsOK: i != 1}
 		r := Round{Index: i + 1, Count: 1000, Extra: map[string]float64{"checks": 0}}
 		addCPUSplit(r.Extra, parts, srv, k*82*time.Millisecond, r.Count)
 		r.Extra[extraCPUSamples] = float64(k * 8)
@@ -147,9 +148,12 @@ func TestCPUSplitTableMath(t *testing.T) {
 	require.InDelta(t, 15.0, r0["cpu_us_per_tx_runtime_other"], 1e-9)
 	require.InDelta(t, 40.0, r0[extraCPUBroker], 1e-9)
 	require.InDelta(t, 50.0, r0[extraCPUDatabase], 1e-9)
-	require.InDelta(t, 170.0, r0[extraCPUTotal], 1e-9) // 10+20+30+5+15 + 40 + 50
+	require.InDelta(t, 25.0, r0[extraCPUBrokerNet], 1e-9)
+	require.InDelta(t, 30.0, r0[extraCPUDBSessions], 1e-9)
+	require.InDelta(t, 170.0, r0[extraCPUTotal], 1e-9) // 10+20+30+5+15 + 40 + 50: the parts of the servers are in their figures
 	require.InDelta(t, 82.0, r0[extraCPUProcess], 1e-9)
 	require.NotContains(t, side.Rounds[1].Extra, extraCPUDatabase)
+	require.NotContains(t, side.Rounds[1].Extra, extraCPUDBSessions)
 	require.InDelta(t, 360.0, side.Rounds[1].Extra[extraCPUTotal], 1e-9) // 3×(80+40), no database
 
 	summarizeCPUSplit(side)
@@ -163,7 +167,9 @@ func TestCPUSplitTableMath(t *testing.T) {
 	require.InDelta(t, 30.0, c.RuntimeOther, 1e-9)
 	require.InDelta(t, 80.0, *c.Broker, 1e-9)
 	require.InDelta(t, 75.0, *c.Database, 1e-9) // median of 50 and 100
-	require.InDelta(t, 340.0, c.Total, 1e-9)    // median of 170, 360, 340
+	require.InDelta(t, 50.0, *c.BrokerNetwork, 1e-9)
+	require.InDelta(t, 45.0, *c.DatabaseSessions, 1e-9) // median of 30 and 60
+	require.InDelta(t, 340.0, c.Total, 1e-9)            // median of 170, 360, 340
 	require.InDelta(t, 164.0, c.ProcessRusage, 1e-9)
 	require.InDelta(t, 16.0, c.Samples, 1e-9)
 
@@ -175,16 +181,18 @@ func TestCPUSplitTableMath(t *testing.T) {
 	summarizeCPUSplit(noSrv)
 	require.Nil(t, noSrv.CPUSplit.Broker)
 	require.Nil(t, noSrv.CPUSplit.Database)
+	require.Nil(t, noSrv.CPUSplit.BrokerNetwork)
+	require.Nil(t, noSrv.CPUSplit.DatabaseSessions)
 	require.InDelta(t, 100.0, noSrv.CPUSplit.Total, 1e-9)
 
 	var b strings.Builder
 	writeCPUSplitTable(&b, "  ", []*Side{side, bare, noSrv})
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	require.Len(t, lines, 3, b.String())
-	require.Equal(t, []string{"cpu", "split", "per", "op", "(µs):", "side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "database", "total"},
+	require.Equal(t, []string{"cpu", "split", "per", "op", "(µs):", "side", "rmqtx", "client", "sql+driver", "bench", "runtime/other", "broker", "(net)", "database", "(sess.)", "total"},
 		strings.Fields(lines[0]))
-	require.Equal(t, []string{"20", "40", "60", "10", "30", "80", "75", "340"}, strings.Fields(strings.TrimPrefix(strings.TrimSpace(lines[1]), sideRmqtxSend)))
-	require.Equal(t, []string{"0", "0", "0", "100", "0", "-", "-", "100"}, strings.Fields(strings.TrimPrefix(strings.TrimSpace(lines[2]), sideRawTxLog)))
+	require.Equal(t, []string{"20", "40", "60", "10", "30", "80", "50", "75", "45", "340"}, strings.Fields(strings.TrimPrefix(strings.TrimSpace(lines[1]), sideRmqtxSend)))
+	require.Equal(t, []string{"0", "0", "0", "100", "0", "-", "-", "-", "-", "100"}, strings.Fields(strings.TrimPrefix(strings.TrimSpace(lines[2]), sideRawTxLog)))
 
 	// The report's table carries it too, and the JSON field is omitted
 	// without a split.
@@ -195,7 +203,7 @@ func TestCPUSplitTableMath(t *testing.T) {
 	var js bytes.Buffer
 	require.NoError(t, (&Report{Workloads: []*Workload{{Name: "producer", Sides: []*Side{bare}}}}).WriteJSON(&js))
 	require.NotContains(t, js.String(), "cpu_split")
-	require.Len(t, cpuSplitNotes(w), 3)
+	require.Len(t, cpuSplitNotes(w), 4)
 	require.Empty(t, cpuSplitNotes(&Workload{Sides: []*Side{bare}}))
 }
 

@@ -56,11 +56,13 @@ const (
 // errNoJavaBuild is returned when the Java program cannot be built or found.
 var errNoJavaBuild = errors.New("rmqtx-bench: -java needs the Java interop build")
 
-// run runs one round (or warm-up) of s: its own Op in a closed loop, or, for
-// a side whose round another process runs (round set), that.
-func (s *loopSide) run(ctx context.Context, concurrency int, d time.Duration, n int64, warmup bool) LoopResult {
+// run runs one round (or warm-up) of s: its own Op in a closed loop, at
+// most perSecond operations a second when that is above 0 (-rate), or, for
+// a side whose round another process runs (round set), that (-rate is
+// refused with those sides).
+func (s *loopSide) run(ctx context.Context, concurrency int, d time.Duration, n int64, perSecond float64, warmup bool) LoopResult {
 	if s.round == nil {
-		return RunLoop(ctx, concurrency, d, n, s.op)
+		return RunLoopPaced(ctx, concurrency, d, n, perSecond, s.op)
 	}
 	res := s.round(ctx, d, n, warmup)
 	s.ok.Add(res.Count)

@@ -80,7 +80,7 @@ func testJavaSidesRunRounds(t *testing.T, db *sqlx.DB) {
 	require.Equal(t, sideJavaTx, sides[0].side.Name)
 	require.Equal(t, sideJavaTxLog, sides[1].side.Name)
 	for _, s := range sides {
-		res := s.run(ctx, e.Opt.Concurrency, time.Second, 0, false)
+		res := s.run(ctx, e.Opt.Concurrency, time.Second, 0, 0, false)
 		require.NoError(t, res.FirstErr, s.side.Name)
 		require.Zero(t, res.Errors, s.side.Name)
 		require.Positive(t, res.Count, s.side.Name)
@@ -106,7 +106,7 @@ func testJavaSidesRunRounds(t *testing.T, db *sqlx.DB) {
 
 	// A second round of the same side goes on where the first ended.
 	before := sides[0].ok.Load()
-	res := sides[0].run(ctx, e.Opt.Concurrency, 0, 50, false)
+	res := sides[0].run(ctx, e.Opt.Concurrency, 0, 50, 0, false)
 	require.NoError(t, res.FirstErr)
 	require.EqualValues(t, 50, res.Count, "-n bounds the round")
 	require.Equal(t, before+50, sides[0].ok.Load())

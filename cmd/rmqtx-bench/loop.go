@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Op is one operation of a closed-loop run: worker is 0..concurrency-1,
@@ -53,6 +55,19 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // (d > 0) or n operations have started (n > 0), or ctx ends. With both set,
 // whichever comes first ends the run. Every operation is timed.
 func RunLoop(ctx context.Context, concurrency int, d time.Duration, n int64, op Op) LoopResult {
+	return RunLoopPaced(ctx, concurrency, d, n, 0, op)
+}
+
+// RunLoopPaced is RunLoop with the operations started at most perSecond a
+// second, evenly spaced, across all goroutines (0: no cap). An operation's
+// time does not include its wait for its turn. A rate that every side
+// reaches makes the sides' CPU per operation comparable: on saturated cores
+// a server's CPU per operation also follows how fast the side runs.
+func RunLoopPaced(ctx context.Context, concurrency int, d time.Duration, n int64, perSecond float64, op Op) LoopResult {
+	var lim *rate.Limiter
+	if perSecond > 0 {
+		lim = rate.NewLimiter(rate.Limit(perSecond), 1)
+	}
 	if concurrency < 1 {
 		concurrency = 1
 	}
@@ -78,6 +93,9 @@ func RunLoop(ctx context.Context, concurrency int, d time.Duration, n int64, op 
 			for ctx.Err() == nil {
 				if !deadline.IsZero() && !time.Now().Before(deadline) {
 					break
+				}
+				if lim != nil && lim.Wait(ctx) != nil {
+					break // ctx ended (or its deadline comes before the turn)
 				}
 				s := seq.Add(1)
 				if n > 0 && s > n {

@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -57,6 +58,8 @@ type Options struct {
 	// NetDelay puts a delay proxy (this much each way) between every side
 	// and the database, the name server and the brokers (netdelay.go).
 	NetDelay time.Duration
+	// Rate caps each Send side's operations a second (-rate; 0: none).
+	Rate float64
 	// Scale holds the scale workload's -scale-* flags (scale.go).
 	Scale scaleFlags
 }
@@ -114,6 +117,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opt.NoPayload, "txlog-no-payload", false, "rmqtx producer: DisablePayloadStorage (only the hash is stored in the txlog)")
 	fs.BoolVar(&opt.NoTxlogIdx, "txlog-no-index", false, "experiment: drop the txlog's two secondary indexes (what the insert costs without them; tooling needs them)")
 	fs.BoolVar(&opt.Tracing, "tracing", false, "producer: add a side \"rmqtx Send + tracing\" (OpenTelemetry SDK, every span sampled, no exporter) and its ratio to rmqtx Send")
+	fs.Float64Var(&opt.Rate, "rate", 0, "producer, localtx, ordering (Send sides): start at most this many operations a second on each side, warm-ups included (0: as fast as it goes); at a rate every side reaches, -cpu-split compares what each side costs the servers per operation, where on saturated cores their CPU per operation also follows the side's speed (not with -java)")
 	fs.DurationVar(&opt.NetDelay, "net-delay", 0, "every side reaches the database, the name server and the brokers through loopback delay proxies adding this much each way, e.g. 0.5ms (0: direct)")
 	fs.BoolVar(&opt.Phases, "phases", false, "producer: add a side \"rmqtx Send + phase spans\" (every span sampled, kept in memory) whose spans give each Send's half/local/end breakdown and breaks the raw tx sides down too (off by default: the raw sides then run exactly what a user writes)")
 	fs.BoolVar(&opt.CPUSplit, "cpu-split", false, "producer, localtx, consumer: profile each side's every round and split the CPU per committed Send, local transaction or processed message into rmqtx, client, sql+driver, bench, runtime/other, broker and database (not with -cpuprofile)")
@@ -137,6 +141,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if opt.Concurrency < 1 || opt.Rounds < 1 || opt.Payload < 1 || opt.Messages < 1 || opt.OutboxRows < 1 || opt.Halves < 2 {
 		fmt.Fprintln(stderr, "rmqtx-bench: -concurrency, -rounds, -payload, -messages must be >= 1 and -halves >= 2")
+		return 2
+	}
+	if opt.Rate < 0 || math.IsNaN(opt.Rate) || math.IsInf(opt.Rate, 0) {
+		fmt.Fprintln(stderr, "rmqtx-bench: -rate must be a number >= 0")
+		return 2
+	}
+	if opt.Rate > 0 && opt.Java {
+		fmt.Fprintln(stderr, "rmqtx-bench: -rate cannot pace the Java sides (their rounds run in the Java process): run -java without it")
 		return 2
 	}
 	if opt.NetDelay < 0 {
@@ -227,6 +239,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if opt.NetDelay > 0 {
 		rep.Settings["net_delay"] = opt.NetDelay.String()
 	}
+	if opt.Rate > 0 {
+		rep.Settings["rate"] = fmt.Sprint(opt.Rate)
+	}
 	for _, k := range []string{"RMQTX_TX_TIMEOUT_MS", "RMQTX_TX_CHECK_INTERVAL_MS", "RMQTX_TX_CHECK_MAX"} {
 		if v := os.Getenv(k); v != "" {
 			rep.Settings[strings.ToLower(strings.TrimPrefix(k, "RMQTX_"))] = v
@@ -267,6 +282,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep.Machine.LoadEnd = LoadAvg()
 	for _, w := range rep.Workloads {
 		addRatios(w)
+		w.UnjudgePaced()
 	}
 	rep.Finish()
 	rep.WriteTable(stdout)

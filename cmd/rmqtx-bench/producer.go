@@ -186,10 +186,18 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 		}
 		live = append(live, s)
 		if o.Warmup > 0 {
-			res := s.run(ctx, o.Concurrency, o.Warmup, 0, true)
+			res := s.run(ctx, o.Concurrency, o.Warmup, 0, o.Rate, true)
 			e.Log("  warm-up %-32s %6d ops %4d errors", s.side.Name, res.Count, res.Errors)
 			if res.Count == 0 && res.FirstErr != nil {
 				s.side.Skipped = "warm-up failed: " + res.FirstErr.Error()
+			}
+		}
+	}
+	if o.Rate > 0 {
+		w.Params["rate"] = fmt.Sprintf("%g/s per side", o.Rate)
+		for _, s := range live {
+			if s.round == nil { // a side whose rounds another process runs is not paced (-rate refuses -java)
+				s.side.Paced = o.Rate
 			}
 		}
 	}
@@ -207,7 +215,7 @@ func measureLoops(ctx context.Context, e *Env, w *Workload, sides []*loopSide) {
 			}
 			s.probe.begin()
 			split.begin(w)
-			res := s.run(ctx, o.Concurrency, o.Duration, o.N, false)
+			res := s.run(ctx, o.Concurrency, o.Duration, o.N, o.Rate, false)
 			ro := res.Round(r + 1)
 			split.finish(w, &ro)
 			split.save(w, name, r+1)

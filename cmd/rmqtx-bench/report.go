@@ -78,6 +78,8 @@ type Side struct {
 	Skipped string `json:"skipped,omitempty"`
 	// CPUSplit is the CPU per operation by part (-cpu-split, cpusplit.go).
 	CPUSplit *CPUSplit `json:"cpu_split,omitempty"`
+	// Paced is the cap on the side's operations a second (-rate; 0: none).
+	Paced float64 `json:"paced_per_second,omitempty"`
 }
 
 // Summarize fills the side's medians from its rounds.
@@ -235,6 +237,38 @@ func (w *Workload) Side(name string) *Side {
 		}
 	}
 	return nil
+}
+
+// UnjudgePaced drops the target of every ratio with a paced side (-rate):
+// sides held to one rate compare their CPU per operation, not their speed,
+// and their latencies carry no queueing, so no target is met or missed.
+func (w *Workload) UnjudgePaced() {
+	paced := map[string]float64{}
+	for _, s := range w.Sides {
+		if s.Paced > 0 {
+			paced[s.Name] = s.Paced
+		}
+	}
+	if len(paced) == 0 {
+		return
+	}
+	n := 0
+	for i := range w.Ratios {
+		r := &w.Ratios[i]
+		if (paced[r.Numerator] > 0 || paced[r.Denominator] > 0) && r.Target != nil {
+			r.Target, r.Met, r.AtMost = nil, nil, false
+			n++
+		}
+	}
+	w.Notes = append(w.Notes, fmt.Sprintf("-rate: the Send sides were paced (at most %g operations a second each): %d ratios judge no target; compare the sides' CPU per operation (-cpu-split)", maxOf(paced), n))
+}
+
+func maxOf(m map[string]float64) float64 {
+	var x float64
+	for _, v := range m {
+		x = max(x, v)
+	}
+	return x
 }
 
 // AddRatio adds num/den when both sides have rounds.

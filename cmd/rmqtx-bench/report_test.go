@@ -202,6 +202,58 @@ func TestRunLoopCountsAndBounds(t *testing.T) {
 	require.Equal(t, int64(0), res.Count)
 }
 
+// Paced (-rate): the operations of all goroutines start no faster than the
+// rate, and an operation's time leaves out its wait for its turn.
+func TestRunLoopPacedHoldsTheRate(t *testing.T) {
+	t.Parallel()
+	const n, perSecond = 41, 200.0
+	res := RunLoopPaced(context.Background(), 4, 0, n, perSecond, func(context.Context, int, int64) error { return nil })
+	require.Equal(t, int64(n), res.Count)
+	// The limiter (burst 1) lets the first start at once and each next one
+	// 1/200 s later: 40 gaps of 5 ms.
+	require.GreaterOrEqual(t, res.Elapsed, 195*time.Millisecond, "41 operations at 200 a second take 200 ms")
+	require.Less(t, res.Latencies[len(res.Latencies)-1], res.Elapsed/2, "no operation's time holds the waits")
+
+	// Unpaced, the same run takes no 5 ms gaps.
+	fast := RunLoopPaced(context.Background(), 4, 0, n, 0, func(context.Context, int, int64) error { return nil })
+	require.Equal(t, int64(n), fast.Count)
+	require.Less(t, fast.Elapsed, res.Elapsed)
+
+	// A context that ends stops a paced loop waiting for its turn.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	slow := RunLoopPaced(ctx, 2, time.Hour, 0, 1, func(context.Context, int, int64) error { return nil })
+	require.LessOrEqual(t, slow.Count, int64(1), "one a second: at most the first starts in 50 ms")
+}
+
+// A workload whose sides were paced judges no target on their ratios and
+// says so; ratios between unpaced sides keep theirs.
+func TestUnjudgePaced(t *testing.T) {
+	t.Parallel()
+	side := func(name string, paced float64, rate float64) *Side {
+		return &Side{Name: name, Unit: "tx/s", Paced: paced, Rounds: []Round{{Index: 1, Count: 10, Rate: rate}}}
+	}
+	w := &Workload{Name: "producer", Sides: []*Side{side("a", 500, 500), side("b", 500, 499), side("c", 0, 900), side("d", 0, 300)}}
+	w.AddRatio("a / b", "a", "b", 1.05)
+	w.AddRatio("c / d", "c", "d", 0.90)
+	w.AddRatio("a / c", "a", "c", 0)
+	w.UnjudgePaced()
+	require.Len(t, w.Ratios, 3)
+	require.Nil(t, w.Ratios[0].Target)
+	require.Nil(t, w.Ratios[0].Met)
+	require.Empty(t, w.Ratios[0].Verdict())
+	require.NotNil(t, w.Ratios[1].Target, "no side of c / d was paced")
+	require.Equal(t, "met", w.Ratios[1].Verdict())
+	require.Len(t, w.Notes, 1)
+	require.Contains(t, w.Notes[0], "at most 500 operations a second each): 1 ratios judge no target")
+
+	unpaced := &Workload{Name: "producer", Sides: []*Side{side("c", 0, 900), side("d", 0, 300)}}
+	unpaced.AddRatio("c / d", "c", "d", 0.90)
+	unpaced.UnjudgePaced()
+	require.Empty(t, unpaced.Notes)
+	require.NotNil(t, unpaced.Ratios[0].Target)
+}
+
 func TestMakePayloadSizeAndDistinct(t *testing.T) {
 	t.Parallel()
 	for _, n := range []int{1, 2, 16, 512, 4096} {
@@ -221,4 +273,13 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	errb.Reset()
 	require.Equal(t, 2, run([]string{"-cpu-split-dir", t.TempDir()}, &out, &errb))
 	require.Contains(t, errb.String(), "-cpu-split-dir needs -cpu-split")
+	errb.Reset()
+	require.Equal(t, 2, run([]string{"-rate", "-1"}, &out, &errb))
+	require.Contains(t, errb.String(), "-rate must be a number >= 0")
+	errb.Reset()
+	require.Equal(t, 2, run([]string{"-rate", "NaN"}, &out, &errb))
+	require.Contains(t, errb.String(), "-rate must be a number >= 0")
+	errb.Reset()
+	require.Equal(t, 2, run([]string{"-rate", "500", "-java"}, &out, &errb))
+	require.Contains(t, errb.String(), "-rate cannot pace the Java sides")
 }

@@ -1,8 +1,13 @@
 // Package proccpu reads processes' CPU times from Linux /proc, for the
 // tools that split a run's CPU between the bench, the database server and
 // the broker (cmd/rmqtx-bench, internal/tools/pgcpu): one reader, so both
-// count a process tree the same way. Elsewhere than Linux, or without
-// permission, every lookup reports not found.
+// count a process tree the same way. It also splits a server's CPU where a
+// per-side figure would otherwise carry work no side asked for at that
+// moment: PostgreSQL's sessions apart from its background processes
+// (autovacuum runs whenever its naptime comes round, on whichever side is
+// measured then), and a JVM's threads by name (the broker's network threads
+// apart from its store). Elsewhere than Linux, or without permission,
+// every lookup reports not found.
 package proccpu
 
 import (
@@ -12,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -80,6 +86,15 @@ func listenInodes(file string, port int) []string {
 // continuous. MariaDB and the broker are one process each. It reports
 // false when root does not exist.
 func TreeCPU(root int) (time.Duration, bool) {
+	total, _, ok := TreeCPUPart(root, nil)
+	return total, ok
+}
+
+// TreeCPUPart is TreeCPU with the part of it spent by the processes below
+// root whose command line (its arguments joined by spaces, which a process
+// may rewrite as its title, as PostgreSQL does) part accepts: their own
+// times and their reaped children's. A nil part picks none.
+func TreeCPUPart(root int, part func(cmdline string) bool) (total, picked time.Duration, ok bool) {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	type proc struct {
 		ppid  int
@@ -101,7 +116,7 @@ func TreeCPU(root int) (time.Duration, bool) {
 		}
 	}
 	if _, ok := procs[root]; !ok {
-		return 0, false
+		return 0, 0, false
 	}
 	children := map[int][]int{}
 	for pid, p := range procs {
@@ -113,9 +128,91 @@ func TreeCPU(root int) (time.Duration, bool) {
 		pid := todo[len(todo)-1]
 		todo = todo[:len(todo)-1]
 		ticks += procs[pid].ticks
+		if part != nil && pid != root && part(cmdline(pid)) {
+			picked += ticksDuration(procs[pid].ticks)
+		}
 		todo = append(todo, children[pid]...)
 	}
-	return time.Duration(ticks) * time.Second / ClockTick, true
+	return ticksDuration(ticks), picked, true
+}
+
+func ticksDuration(t int64) time.Duration { return time.Duration(t) * time.Second / ClockTick }
+
+// cmdline is pid's command line with its arguments joined by spaces ("" when
+// it is gone or unreadable).
+func cmdline(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// postgresSession matches the title of a PostgreSQL process that serves a
+// client connection: "postgres: USER DATABASE HOST(PORT) STATE", or with
+// [local] for a socket, after an optional "CLUSTER: " (cluster_name).
+// Background processes (checkpointer, background writer, walwriter,
+// autovacuum launcher and workers, parallel workers, walsenders) have other
+// titles.
+var postgresSession = regexp.MustCompile(`^postgres: (?:\S+: )?\S+ \S+ (?:\[local\]|\S+\(\d+\))(?: |$)`)
+
+// PostgresSession reports whether title is that of a PostgreSQL process
+// serving a client connection (a session, or backend), not a background
+// process or worker.
+func PostgresSession(title string) bool {
+	return postgresSession.MatchString(title) && !strings.HasPrefix(title, "postgres: walsender ")
+}
+
+// ThreadsCPU is the CPU time (user + system) of pid's live threads, and the
+// part of it spent by the threads whose name (comm, at most 15 bytes: the
+// JVM's thread names cut short) starts with one of prefixes. A thread that
+// has ended counts in the process's times, not here.
+func ThreadsCPU(pid int, prefixes ...string) (total, picked time.Duration, ok bool) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tids, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, false
+	}
+	var all, part int64
+	for _, t := range tids {
+		b, err := os.ReadFile(dir + "/" + t.Name() + "/stat")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		name, ticks, ok := threadStat(b)
+		if !ok {
+			continue
+		}
+		all += ticks
+		for _, p := range prefixes {
+			if strings.HasPrefix(name, p) {
+				part += ticks
+				break
+			}
+		}
+	}
+	return ticksDuration(all), ticksDuration(part), true
+}
+
+// threadStat reads a thread's name and utime+stime (clock ticks) from a
+// /proc/<pid>/task/<tid>/stat line.
+func threadStat(b []byte) (name string, ticks int64, ok bool) {
+	i, j := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if i < 0 || j < i {
+		return "", 0, false
+	}
+	f := strings.Fields(string(b[j+1:]))
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	for _, x := range f[11:13] {
+		v, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return "", 0, false
+		}
+		ticks += v
+	}
+	return string(b[i+1 : j]), ticks, true
 }
 
 // ParseStat reads the parent pid and utime+stime+cutime+cstime (clock

@@ -60,6 +60,15 @@ func TestTreeCPU(t *testing.T) {
 	require.True(t, ok)
 	require.GreaterOrEqual(t, tree, time.Duration(o0+c0)*time.Second/ClockTick)
 
+	// The part: the child, picked by its command line, and nothing else.
+	total, picked, ok := TreeCPUPart(self, func(c string) bool { return c == "sh -c while :; do :; done" })
+	require.True(t, ok)
+	require.GreaterOrEqual(t, picked, time.Duration(c0)*time.Second/ClockTick, "the child's CPU is the part")
+	require.Less(t, picked, total-time.Duration(o0)*time.Second/ClockTick+time.Second, "the part holds the child only")
+	_, none, ok := TreeCPUPart(self, func(string) bool { return false })
+	require.True(t, ok)
+	require.Zero(t, none)
+
 	// Reaped: its time moves into this process's cutime, the sum stays.
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
@@ -69,4 +78,29 @@ func TestTreeCPU(t *testing.T) {
 	require.GreaterOrEqual(t, after, tree)
 	require.GreaterOrEqual(t, time.Duration(own()-o0)*time.Second/ClockTick, c1-2*time.Second/ClockTick,
 		"the reaped child's %s is in this process's cutime", c1)
+}
+
+// A PostgreSQL process serves a client connection when its title names a
+// user, a database and the client's address; background processes and
+// workers have other titles.
+func TestPostgresSession(t *testing.T) {
+	for title, want := range map[string]bool{
+		"postgres: rmqtx rmqtx_bench_bd26f2 127.0.0.1(53768) idle in transaction": true,
+		"postgres: rmqtx rmqtx 127.0.0.1(53766) idle":                             true,
+		"postgres: postgres postgres [local] SELECT":                              true,
+		"postgres: main: rmqtx rmqtx 127.0.0.1(5) INSERT":                         true,
+		"postgres: rmqtx rmqtx ::1(60000) COMMIT":                                 true,
+		"postgres: checkpointer":                                                  false,
+		"postgres: background writer":                                             false,
+		"postgres: walwriter":                                                     false,
+		"postgres: autovacuum launcher":                                           false,
+		"postgres: autovacuum worker rmqtx_bench_c3f5ce":                          false,
+		"postgres: parallel worker for PID 7750":                                  false,
+		"postgres: logical replication launcher":                                  false,
+		"postgres: walsender repl 127.0.0.1(5) streaming 0/3000060":               false,
+		"/usr/lib/postgresql/15/bin/postgres -D /data":                            false,
+		"": false,
+	} {
+		require.Equal(t, want, PostgresSession(title), title)
+	}
 }

@@ -93,7 +93,10 @@ func TreeCPU(root int) (time.Duration, bool) {
 // TreeCPUPart is TreeCPU with the part of it spent by the processes below
 // root whose command line (its arguments joined by spaces, which a process
 // may rewrite as its title, as PostgreSQL does) part accepts: their own
-// times and their reaped children's. A nil part picks none.
+// times and their reaped children's. A nil part picks none. A picked
+// process that exits moves its time into its parent's, which part need not
+// pick: over a window, the part is exact for processes that outlive it
+// (the pooled connections a bench keeps).
 func TreeCPUPart(root int, part func(cmdline string) bool) (total, picked time.Duration, ok bool) {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	type proc struct {

@@ -31,22 +31,27 @@ func run(t *testing.T, p *Pool) string {
 	}
 }
 
-// untilIdle waits until a worker of p is receiving (an idle worker takes a
-// send on the unbuffered channel), by handing it a marker function.
-func untilIdle(t *testing.T, p *Pool) {
+// untilIdle waits until the worker goroutine id is parked in its select,
+// waiting for a call: an idle worker takes Go's send at once. It reads
+// every goroutine's stack and sends nothing. (It used to hand the worker a
+// marker function and wait for it to run; the worker then had still to get
+// back to its select, and a fresh-clone run once saw the next call start a
+// second worker.)
+func untilIdle(t *testing.T, id string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 1<<20)
 	for time.Now().Before(deadline) {
-		ran := make(chan struct{})
-		select {
-		case p.jobs <- func() { close(ran) }:
-			<-ran
-			return
-		default:
-			runtime.Gosched()
+		n := runtime.Stack(buf, true)
+		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+			header, _, _ := strings.Cut(g, "\n")
+			if strings.HasPrefix(header, "goroutine "+id+" [select") && strings.Contains(g, "workerpool.(*Pool).work") {
+				return
+			}
 		}
+		runtime.Gosched()
 	}
-	t.Fatal("no worker became idle")
+	t.Fatalf("worker goroutine %s did not become idle", id)
 }
 
 func TestPoolRunsOnALongLivedWorker(t *testing.T) {
@@ -55,7 +60,7 @@ func TestPoolRunsOnALongLivedWorker(t *testing.T) {
 	first := run(t, p)
 	require.Contains(t, first, "workerpool.(*Pool).work", "the first call starts a worker")
 	require.Equal(t, 1, p.Workers())
-	untilIdle(t, p)
+	untilIdle(t, goroutineID(first))
 	second := run(t, p)
 	require.Contains(t, second, "workerpool.(*Pool).work")
 	require.Equal(t, goroutineID(first), goroutineID(second), "the second call runs on the same worker")

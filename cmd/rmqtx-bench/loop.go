@@ -94,8 +94,13 @@ func RunLoopPaced(ctx context.Context, concurrency int, d time.Duration, n int64
 				if !deadline.IsZero() && !time.Now().Before(deadline) {
 					break
 				}
-				if lim != nil && lim.Wait(ctx) != nil {
-					break // ctx ended (or its deadline comes before the turn)
+				if lim != nil {
+					if lim.Wait(ctx) != nil {
+						break // ctx ended (or its deadline comes before the turn)
+					}
+					if !deadline.IsZero() && !time.Now().Before(deadline) {
+						break // the turn came after the round's end
+					}
 				}
 				s := seq.Add(1)
 				if n > 0 && s > n {

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -25,10 +22,7 @@ type cpuMeter struct {
 
 func newCPUMeter(dbAddr, brokerAddr string) cpuMeter {
 	m := cpuMeter{dbPID: proccpu.ListeningPID(dbAddr), brokerPID: proccpu.ListeningPID(brokerAddr)}
-	if m.dbPID > 0 {
-		comm, _ := os.ReadFile("/proc/" + strconv.Itoa(m.dbPID) + "/comm")
-		m.dbPostgres = strings.TrimSpace(string(comm)) == "postgres"
-	}
+	m.dbPostgres = m.dbPID > 0 && proccpu.Comm(m.dbPID) == "postgres"
 	return m
 }
 
@@ -67,7 +61,9 @@ func (m cpuMeter) sample() cpuSample {
 	}
 	if m.brokerPID > 0 {
 		s.broker, s.brokerOK = proccpu.TreeCPU(m.brokerPID)
-		_, s.brokerNet, s.brokerNetOK = proccpu.ThreadsCPU(m.brokerPID, brokerNetThreads...)
+		var th proccpu.Threads
+		th, s.brokerNetOK = proccpu.ThreadsCPU(m.brokerPID, brokerNetThreads...)
+		s.brokerNet = th.Picked
 	}
 	return s
 }

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -61,22 +58,9 @@ func TestCPUMeterSplitsTheServers(t *testing.T) {
 		// The network threads are found by name (the boss thread exists from
 		// the broker's start; the others from its first connection), and
 		// their CPU is part of the broker's.
-		comms, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/comm", m.brokerPID))
-		require.NoError(t, err)
-		named := 0
-		for _, c := range comms {
-			b, err := os.ReadFile(c)
-			if err != nil {
-				continue // the thread ended meanwhile
-			}
-			for _, p := range brokerNetThreads {
-				if strings.HasPrefix(strings.TrimSpace(string(b)), p) {
-					named++
-					break
-				}
-			}
-		}
-		require.Positive(t, named, "the broker has threads named %v", brokerNetThreads)
+		th, ok := proccpu.ThreadsCPU(m.brokerPID, brokerNetThreads...)
+		require.True(t, ok)
+		require.Positive(t, th.Matched, "the broker has threads named %v", brokerNetThreads)
 		a := m.sample()
 		require.True(t, a.brokerNetOK)
 		require.LessOrEqual(t, a.brokerNet, a.broker+5*tick, "the network threads are part of the broker")

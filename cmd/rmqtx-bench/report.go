@@ -243,10 +243,10 @@ func (w *Workload) Side(name string) *Side {
 // sides held to one rate compare their CPU per operation, not their speed,
 // and their latencies carry no queueing, so no target is met or missed.
 func (w *Workload) UnjudgePaced() {
-	paced := map[string]float64{}
+	paced, rate := map[string]bool{}, 0.0
 	for _, s := range w.Sides {
 		if s.Paced > 0 {
-			paced[s.Name] = s.Paced
+			paced[s.Name], rate = true, max(rate, s.Paced)
 		}
 	}
 	if len(paced) == 0 {
@@ -255,20 +255,12 @@ func (w *Workload) UnjudgePaced() {
 	n := 0
 	for i := range w.Ratios {
 		r := &w.Ratios[i]
-		if (paced[r.Numerator] > 0 || paced[r.Denominator] > 0) && r.Target != nil {
+		if (paced[r.Numerator] || paced[r.Denominator]) && r.Target != nil {
 			r.Target, r.Met, r.AtMost = nil, nil, false
 			n++
 		}
 	}
-	w.Notes = append(w.Notes, fmt.Sprintf("-rate: the Send sides were paced (at most %g operations a second each): %d ratios judge no target; compare the sides' CPU per operation (-cpu-split)", maxOf(paced), n))
-}
-
-func maxOf(m map[string]float64) float64 {
-	var x float64
-	for _, v := range m {
-		x = max(x, v)
-	}
-	return x
+	w.Notes = append(w.Notes, fmt.Sprintf("-rate: the Send sides were paced (at most %g operations a second each): %d ratios judge no target; compare the sides' CPU per operation (-cpu-split)", rate, n))
 }
 
 // AddRatio adds num/den when both sides have rounds.

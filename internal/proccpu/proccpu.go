@@ -166,17 +166,25 @@ func PostgresSession(title string) bool {
 	return postgresSession.MatchString(title) && !strings.HasPrefix(title, "postgres: walsender ")
 }
 
-// ThreadsCPU is the CPU time (user + system) of pid's live threads, and the
-// part of it spent by the threads whose name (comm, at most 15 bytes: the
-// JVM's thread names cut short) starts with one of prefixes. A thread that
-// has ended counts in the process's times, not here.
-func ThreadsCPU(pid int, prefixes ...string) (total, picked time.Duration, ok bool) {
+// Threads is the CPU time (user + system) of a process's live threads,
+// and the part of it spent by the threads a name prefix picked.
+type Threads struct {
+	Total, Picked time.Duration
+	Matched       int // threads picked
+}
+
+// ThreadsCPU reads pid's live threads, picking those whose name (comm, at
+// most 15 bytes: the JVM's thread names cut short) starts with one of
+// prefixes. A thread that has ended counts in the process's times, not
+// here.
+func ThreadsCPU(pid int, prefixes ...string) (Threads, bool) {
 	dir := "/proc/" + strconv.Itoa(pid) + "/task"
 	tids, err := os.ReadDir(dir)
 	if err != nil {
-		return 0, 0, false
+		return Threads{}, false
 	}
 	var all, part int64
+	var th Threads
 	for _, t := range tids {
 		b, err := os.ReadFile(dir + "/" + t.Name() + "/stat")
 		if err != nil {
@@ -190,11 +198,23 @@ func ThreadsCPU(pid int, prefixes ...string) (total, picked time.Duration, ok bo
 		for _, p := range prefixes {
 			if strings.HasPrefix(name, p) {
 				part += ticks
+				th.Matched++
 				break
 			}
 		}
 	}
-	return ticksDuration(all), ticksDuration(part), true
+	th.Total, th.Picked = ticksDuration(all), ticksDuration(part)
+	return th, true
+}
+
+// Comm is pid's command name (/proc/<pid>/comm; "" when it is gone or
+// unreadable): "postgres" for PostgreSQL's postmaster.
+func Comm(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // threadStat reads a thread's name and utime+stime (clock ticks) from a

@@ -30,19 +30,21 @@ func TestThreadsCPU(t *testing.T) {
 	}()
 	<-named
 	deadline := time.Now().Add(30 * time.Second)
-	var total, picked time.Duration
-	for picked < 5*time.Second/ClockTick {
+	var th Threads
+	for th.Picked < 5*time.Second/ClockTick {
 		require.True(t, time.Now().Before(deadline), "the named thread used no CPU in 30 s")
 		var ok bool
-		total, picked, ok = ThreadsCPU(syscall.Getpid(), "NettyServer", "rmqtxburn")
+		th, ok = ThreadsCPU(syscall.Getpid(), "NettyServer", "rmqtxburn")
 		require.True(t, ok)
 		runtime.Gosched()
 	}
 	done.Store(true)
-	require.GreaterOrEqual(t, total, picked)
-	_, none, ok := ThreadsCPU(syscall.Getpid(), "no-such-thread")
+	require.GreaterOrEqual(t, th.Total, th.Picked)
+	require.Positive(t, th.Matched, "the named thread is counted")
+	none, ok := ThreadsCPU(syscall.Getpid(), "no-such-thread")
 	require.True(t, ok)
-	require.Zero(t, none)
-	_, _, ok = ThreadsCPU(1 << 30)
+	require.Zero(t, none.Picked)
+	require.Zero(t, none.Matched)
+	_, ok = ThreadsCPU(1 << 30)
 	require.False(t, ok, "no such process")
 }

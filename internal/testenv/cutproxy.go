@@ -100,7 +100,8 @@ func (l LostCommit) OK() bool { return len(l.Answer) > 0 && l.Answer[0] == 0x00 
 // through it is closed and new ones are refused until Restore). The client
 // sees its connection end with the COMMIT's outcome unknown, while the
 // server has already decided it. The returned channel receives the dropped
-// answer. The cut is exact: nothing is closed before the server answered,
+// answer before the cut, so it holds it by the time the client sees the
+// cut. The cut is exact: nothing is closed before the server answered,
 // and not one byte of the answer reaches the client.
 func (p *CutProxy) LoseCommitAnswer(t testing.TB) <-chan LostCommit {
 	t.Helper()
@@ -499,8 +500,9 @@ func (p *CutProxy) serverToClient(client, server net.Conn, lose *atomic.Pointer[
 				arm.ch <- LostCommit{Answer: pkt[4:]}
 				continue
 			}
-			p.Cut()
+			// Handed over before the cut (see PGProxy.serverToClient).
 			arm.ch <- LostCommit{Answer: pkt[4:]}
+			p.Cut()
 			return
 		}
 		if _, err := client.Write(pkt); err != nil {

@@ -64,7 +64,8 @@ func (p *PGProxy) Addr() string { return p.ln.Addr().String() }
 // the proxy then cuts (every connection through it is closed and new ones
 // are refused until Restore). The client sees its connection end with the
 // COMMIT's outcome unknown, while the server has already decided it. The
-// returned channel receives the dropped answer.
+// returned channel receives the dropped answer before the cut, so it holds
+// it by the time the client sees the cut.
 func (p *PGProxy) LoseCommitAnswer(t testing.TB) <-chan PGLostCommit {
 	t.Helper()
 	arm := &loseArm[PGLostCommit]{ch: make(chan PGLostCommit, 1)}
@@ -277,8 +278,11 @@ func (p *PGProxy) serverToClient(client, server net.Conn, lose *atomic.Pointer[l
 				arm.ch <- PGLostCommit{Tag: tag}
 				continue
 			}
-			p.Cut()
+			// Handed over before the cut: the client learns nothing until
+			// the cut, so a test that reads the channel once Send has
+			// returned always finds the answer there.
 			arm.ch <- PGLostCommit{Tag: tag}
+			p.Cut()
 			return
 		}
 		if _, err := client.Write(msg); err != nil {

@@ -7,6 +7,9 @@
 #   scripts/client-patch.sh copy DIR      copy the patched client to DIR (in your service's
 #                                         repository) and check the copy
 #   scripts/client-patch.sh diff          print the patch from the copy (to refresh the .patch file)
+#   scripts/client-patch.sh test [DIR]    run the patches' own tests inside DIR (the client's
+#                                         internal package: patch 10), under -race; fails unless
+#                                         each of them ran and passed
 #
 # A service that imports rmqtx builds the upstream client: rmqtx's replace
 # applies only when rmqtx is the main module. To build with the patches, run
@@ -23,7 +26,7 @@ COPY=third_party/rocketmq-client-go
 PATCH=third_party/rocketmq-client-go.patch
 # DIR arguments are relative to the caller's directory.
 case ${1:-} in
-  check) DIR=$(cd "${2:-$ROOT/$COPY}" && pwd) ;;
+  check | test) DIR=$(cd "${2:-$ROOT/$COPY}" && pwd) ;;
   copy)
     [[ -n ${2:-} ]] || { echo "client-patch: copy needs a destination folder" >&2; exit 2; }
     [[ ! -e $2 || -z $(ls -A "$2") ]] || { echo "client-patch: $2 exists and is not empty" >&2; exit 2; }
@@ -33,6 +36,26 @@ case ${1:-} in
   *) DIR=$ROOT/$COPY ;;
 esac
 cd "$ROOT"
+# The patches' tests that live in the client's own packages (they reach
+# unexported code), by package and name. make test runs them.
+PATCH_TESTS=(./internal:TestCleanOfflineBrokerLeavesReadersAlone)
+if [[ ${1:-} == test ]]; then
+  for entry in "${PATCH_TESTS[@]}"; do
+    pkg=${entry%%:*} name=${entry#*:}
+    out=$(cd "$DIR" && go test -race -count=1 -v -run "^${name}\$" "$pkg" 2>&1) || {
+      printf '%s\n' "$out" >&2
+      echo "client-patch: $name failed in $DIR" >&2
+      exit 1
+    }
+    grep -q -- "^--- PASS: ${name} " <<<"$out" || {
+      printf '%s\n' "$out" >&2
+      echo "client-patch: $name did not run in $DIR" >&2
+      exit 1
+    }
+    echo "client-patch: $name passed ($pkg, -race)"
+  done
+  exit 0
+fi
 if [[ ${1:-} == copy ]]; then
   (cd $COPY && tar cf - .) | (cd "$DIR" && tar xf -)
   chmod -R u+w "$DIR"

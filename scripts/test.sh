@@ -245,6 +245,7 @@ fi
 bash scripts/services.sh install
 go mod download
 bash scripts/client-patch.sh check
+bash scripts/client-patch.sh test
 upstream_view
 bash scripts/promtool.sh >/dev/null
 bash scripts/interop-java.sh >/dev/null

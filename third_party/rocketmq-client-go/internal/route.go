@@ -51,6 +51,12 @@ func (s *namesrvs) cleanOfflineBroker() {
 	s.brokerAddressesMap.Range(func(key, value interface{}) bool {
 		brokerName := key.(string)
 		bd := value.(*BrokerData)
+		// rmqtx patch 10: the addresses are never deleted in place. Readers
+		// (FindBrokerAddressInSubscribe, FindBrokerAddrByName, the pull and
+		// send paths) read a BrokerData's map without lockNamesrv, and the
+		// same BrokerData may be in a topic's route too, so an offline
+		// address is removed by storing a copy without it.
+		kept := make(map[int64]string, len(bd.BrokerAddresses))
 		for k, v := range bd.BrokerAddresses {
 			isBrokerAddrExistInTopicRoute := false
 			s.routeDataMap.Range(func(key, value interface{}) bool {
@@ -65,19 +71,26 @@ func (s *namesrvs) cleanOfflineBroker() {
 				}
 				return true
 			})
-			if !isBrokerAddrExistInTopicRoute {
-				delete(bd.BrokerAddresses, k)
-				rlog.Info("the broker: [name=%s, ID=%d, addr=%s,] is offline, remove it", map[string]interface{}{
-					"brokerName": brokerName,
-					"brokerID":   k,
-					"brokerAddr": v,
-				})
+			if isBrokerAddrExistInTopicRoute {
+				kept[k] = v
+				continue
 			}
+			rlog.Info("the broker: [name=%s, ID=%d, addr=%s,] is offline, remove it", map[string]interface{}{
+				"brokerName": brokerName,
+				"brokerID":   k,
+				"brokerAddr": v,
+			})
 		}
-		if len(bd.BrokerAddresses) == 0 {
+		if len(kept) == 0 {
 			s.brokerAddressesMap.Delete(brokerName)
 			rlog.Info("the broker name's host is offline, remove it", map[string]interface{}{
 				"brokerName": brokerName,
+			})
+		} else if len(kept) < len(bd.BrokerAddresses) {
+			s.brokerAddressesMap.Store(brokerName, &BrokerData{
+				Cluster:         bd.Cluster,
+				BrokerName:      bd.BrokerName,
+				BrokerAddresses: kept,
 			})
 		}
 		return true

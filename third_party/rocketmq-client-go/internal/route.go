@@ -55,7 +55,10 @@ func (s *namesrvs) cleanOfflineBroker() {
 		// (FindBrokerAddressInSubscribe, FindBrokerAddrByName, the pull and
 		// send paths) read a BrokerData's map without lockNamesrv, and the
 		// same BrokerData may be in a topic's route too, so an offline
-		// address is removed by storing a copy without it.
+		// address is removed by storing a copy without it. The copy (or the
+		// removal) replaces only the entry it was made from: a route first
+		// learned without lockNamesrv (AddBroker) may have stored a newer
+		// one meanwhile, and that one stays.
 		kept := make(map[int64]string, len(bd.BrokerAddresses))
 		for k, v := range bd.BrokerAddresses {
 			isBrokerAddrExistInTopicRoute := false
@@ -82,12 +85,13 @@ func (s *namesrvs) cleanOfflineBroker() {
 			})
 		}
 		if len(kept) == 0 {
-			s.brokerAddressesMap.Delete(brokerName)
-			rlog.Info("the broker name's host is offline, remove it", map[string]interface{}{
-				"brokerName": brokerName,
-			})
+			if s.brokerAddressesMap.CompareAndDelete(brokerName, bd) {
+				rlog.Info("the broker name's host is offline, remove it", map[string]interface{}{
+					"brokerName": brokerName,
+				})
+			}
 		} else if len(kept) < len(bd.BrokerAddresses) {
-			s.brokerAddressesMap.Store(brokerName, &BrokerData{
+			s.brokerAddressesMap.CompareAndSwap(brokerName, bd, &BrokerData{
 				Cluster:         bd.Cluster,
 				BrokerName:      bd.BrokerName,
 				BrokerAddresses: kept,
